@@ -1,0 +1,56 @@
+"""llamaspec: GGUF language models in-process on llama.cpp, fast with speculative decoding.
+
+The public API is what this module exports; ``llamaspec._native`` is private.
+"""
+
+from __future__ import annotations
+
+from . import _native
+from . import _log  # noqa: F401  (installs the llama.cpp -> logging bridge)
+from .context import Context
+from .errors import (
+    BusyError,
+    ChatTemplateError,
+    ClosedError,
+    ContextOverflowError,
+    DecodeError,
+    GenerationTimeout,
+    GrammarError,
+    InvalidOptionError,
+    LlamaspecError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
+from .events import Done, EndOfGeneration, Event, GenerationStats, Token
+from .generator import Generator
+from .model import Model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Model",
+    "Context",
+    "Generator",
+    "Token",
+    "EndOfGeneration",
+    "Done",
+    "Event",
+    "GenerationStats",
+    "LlamaspecError",
+    "ModelLoadError",
+    "UnsupportedModelError",
+    "ContextOverflowError",
+    "BusyError",
+    "GenerationTimeout",
+    "InvalidOptionError",
+    "GrammarError",
+    "ChatTemplateError",
+    "DecodeError",
+    "ClosedError",
+    "system_info",
+]
+
+
+def system_info() -> str:
+    """llama.cpp's summary of the compiled CPU features and backends (e.g. "AVX2 = 1 | ...")."""
+    return _native.system_info()

@@ -1,0 +1,71 @@
+"""The events a generation streams: Token*, then EndOfGeneration (if the model stopped), then Done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+__all__ = ["Token", "EndOfGeneration", "Done", "GenerationStats", "Event", "FinishReason"]
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One generated token.
+
+    Attributes:
+        id: the token id.
+        text: the text this token completes; "" while a multi-byte character or a possible stop
+            string is held back (it then arrives with a later token).
+    """
+
+    id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfGeneration:
+    """The model emitted an end-of-generation token (which is neither emitted nor counted)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    """Figures of one generation call.
+
+    Attributes:
+        prompt_tokens: tokens in the prompt.
+        tokens: generated tokens (the end-of-generation token excluded).
+        prefill_time: seconds spent decoding the prompt.
+        time_to_first_token: seconds from the start of the call to the first token.
+        generation_time: seconds from the first to the last token.
+        total_time: seconds from the start of the call to its end.
+        tokens_per_second: decode rate, (tokens - 1) / generation_time (0.0 under 2 tokens).
+        finish_reason: "stop" (end-of-generation or a stop string), "length" (max_tokens) or
+            "cancelled".
+        seed: the sampler seed used (random unless given).
+    """
+
+    prompt_tokens: int
+    tokens: int
+    prefill_time: float
+    time_to_first_token: float
+    generation_time: float
+    total_time: float
+    tokens_per_second: float
+    finish_reason: FinishReason
+    seed: int
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> GenerationStats:
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Always the last event of a generation."""
+
+    stats: GenerationStats
+
+
+Event = Union[Token, EndOfGeneration, Done]

@@ -1,0 +1,313 @@
+"""Model: a loaded GGUF file, its properties, tokenizer and chat template."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from . import _native
+from ._log import sync_log_level
+from .errors import ClosedError, InvalidOptionError, ModelLoadError
+
+__all__ = ["Model"]
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def _check_model_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model file not found: '{path}'", path=path)
+    if os.path.isdir(path):
+        raise ModelLoadError(f"'{path}' is a directory, not a GGUF model file", path=path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read '{path}': {e.strerror}", path=path) from e
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(f"'{path}' is not a GGUF file (magic {magic!r}, expected b'GGUF')", path=path)
+
+
+class Model:
+    """A GGUF model loaded by llama.cpp.
+
+    One Model may be shared by any number of Generators (and other sessions) and threads at once:
+    llama.cpp's weights are read-only after loading, and each Generator owns its own context. The
+    weights stay in memory until the Model is closed AND every Generator built on it is closed or
+    garbage-collected.
+
+    Example:
+        >>> with llamaspec.Model("model.gguf") as model:
+        ...     print(model.description, model.n_params)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_gpu_layers: int = 0,
+        main_gpu: int = 0,
+        split_mode: str = "layer",
+        tensor_split: Sequence[float] | None = None,
+        load_mtp: bool = True,
+        use_mmap: bool = True,
+        use_mlock: bool = False,
+        vocab_only: bool = False,
+        check_tensors: bool = False,
+        use_extra_bufts: bool = True,
+    ) -> None:
+        """Load a GGUF file. Loading releases the GIL.
+
+        Args:
+            path: the .gguf file.
+            n_gpu_layers: layers to offload to a GPU (GPU builds only); -1 offloads all.
+            main_gpu: the GPU used when ``split_mode`` is "none".
+            split_mode: how to split across GPUs: "none", "layer" or "row".
+            tensor_split: proportion of the model per GPU.
+            load_mtp: load the Multi-Token-Prediction layers when the file has them.
+            use_mmap: memory-map the file (llama.cpp decides where the backend allows it).
+            use_mlock: lock the weights in RAM.
+            vocab_only: load only the vocabulary (tokenizer and chat template, no generation).
+            check_tensors: validate tensor data while loading.
+            use_extra_bufts: let llama.cpp repack weights into faster CPU layouts.
+
+        Raises:
+            ModelLoadError: the file is missing, a directory, not GGUF, truncated or corrupt.
+            UnsupportedModelError: llama.cpp does not support the model's architecture.
+            InvalidOptionError: an option has an invalid value.
+        """
+        self._native: _native.Model | None = None
+        p = os.fspath(path)
+        if not isinstance(p, str):
+            raise InvalidOptionError("path must be a str or os.PathLike[str]")
+        for name, v in (("load_mtp", load_mtp), ("use_mmap", use_mmap), ("use_mlock", use_mlock),
+                        ("vocab_only", vocab_only), ("check_tensors", check_tensors),
+                        ("use_extra_bufts", use_extra_bufts)):
+            if not isinstance(v, bool):
+                raise InvalidOptionError(f"{name} must be a bool")
+        for name, iv in (("n_gpu_layers", n_gpu_layers), ("main_gpu", main_gpu)):
+            if isinstance(iv, bool) or not isinstance(iv, int):
+                raise InvalidOptionError(f"{name} must be an int")
+        if split_mode not in ("none", "layer", "row"):
+            raise InvalidOptionError(f"split_mode must be 'none', 'layer' or 'row'; got {split_mode!r}")
+        splits = [float(x) for x in tensor_split] if tensor_split is not None else []
+        _check_model_file(p)
+        sync_log_level()
+        self._native = _native.Model.load(
+            p, n_gpu_layers, main_gpu, split_mode, splits, load_mtp, use_mmap, use_mlock, vocab_only,
+            check_tensors, use_extra_bufts,
+        )
+        self._path = p
+        self._load_mtp = load_mtp
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def _require(self) -> _native.Model:
+        m = self._native
+        if m is None:
+            raise ClosedError("the model is closed")
+        return m
+
+    def close(self) -> None:
+        """Drop this handle on the weights; they are freed once no Generator uses them. Idempotent."""
+        self._native = None
+
+    @property
+    def closed(self) -> bool:
+        """True after close()."""
+        return self._native is None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._native is None:
+            return f"<llamaspec.Model {self._path!r} closed>"
+        return (f"<llamaspec.Model {os.path.basename(self._path)!r} {self.architecture} "
+                f"{self.description!r} n_params={self.n_params} mtp_layers={self.n_layer_nextn}>")
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The file the model was loaded from."""
+        return self._path
+
+    @property
+    def description(self) -> str:
+        """llama.cpp's one-line description, e.g. "llama 256M Q4_1"."""
+        return self._require().description
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters."""
+        return self._require().n_params
+
+    @property
+    def size(self) -> int:
+        """Size of the weights in bytes."""
+        return self._require().size
+
+    @property
+    def n_ctx_train(self) -> int:
+        """Context length the model was trained with."""
+        return self._require().n_ctx_train
+
+    @property
+    def n_embd(self) -> int:
+        """Embedding width."""
+        return self._require().n_embd
+
+    @property
+    def n_vocab(self) -> int:
+        """Vocabulary size."""
+        return self._require().n_vocab
+
+    @property
+    def n_layer(self) -> int:
+        """Number of trunk layers (blocks); MTP layers are counted in n_layer_nextn."""
+        return self._require().n_layer
+
+    @property
+    def n_layer_nextn(self) -> int:
+        """Number of Multi-Token-Prediction (NextN) layers in the file."""
+        return self._require().n_layer_nextn
+
+    @property
+    def has_mtp(self) -> bool:
+        """True when the file carries MTP layers (``<arch>.nextn_predict_layers`` > 0)."""
+        return self.n_layer_nextn > 0
+
+    @property
+    def mtp_loaded(self) -> bool:
+        """True when MTP layers were requested at load (``load_mtp=True``) and weights were loaded."""
+        return self._require().mtp_loaded
+
+    @property
+    def architecture(self) -> str:
+        """The GGUF ``general.architecture``, e.g. "llama" or "qwen35"."""
+        return self._require().meta("general.architecture")
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template stored in the file, or None."""
+        return self._require().chat_template
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """All GGUF metadata as strings (llama.cpp's rendering; long arrays abbreviated)."""
+        return dict(self._require().metadata())
+
+    # -- tokenizer ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Turn text into token ids.
+
+        Args:
+            text: the text.
+            add_special: add BOS/EOS where the model asks for them.
+            parse_special: turn special-token text such as "<|im_start|>" into its token.
+
+        Returns:
+            The token ids.
+
+        Raises:
+            ClosedError: the model is closed.
+        """
+        if not isinstance(text, str):
+            raise InvalidOptionError(f"text must be a str, not {type(text).__name__}")
+        return list(self._require().tokenize(text, add_special, parse_special))
+
+    def detokenize(self, ids: Iterable[int], special: bool = False) -> str:
+        """Turn token ids back into text (invalid UTF-8 becomes U+FFFD).
+
+        Args:
+            ids: token ids.
+            special: render special/control tokens as their text.
+
+        Returns:
+            The text.
+
+        Raises:
+            InvalidOptionError: an id is out of range.
+        """
+        return self._require().detokenize(_ids(ids), special).decode("utf-8", errors="replace")
+
+    def token_to_piece(self, id: int, special: bool = False) -> bytes:
+        """The bytes of one token (may be part of a multi-byte character).
+
+        Raises:
+            InvalidOptionError: the id is out of range.
+        """
+        return self._require().token_to_piece(_id(id), special)
+
+    @property
+    def bos(self) -> int | None:
+        """Beginning-of-sequence token id, or None."""
+        t = self._require().bos
+        return None if t < 0 else t
+
+    @property
+    def eos(self) -> int | None:
+        """End-of-sequence token id, or None."""
+        t = self._require().eos
+        return None if t < 0 else t
+
+    def is_eog(self, id: int) -> bool:
+        """True for tokens that end generation (EOS, EOT, ...)."""
+        return self._require().is_eog(_id(id))
+
+    # -- chat -----------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render a conversation with the model's chat template (llama.cpp's jinja engine).
+
+        Args:
+            messages: OpenAI-style messages, e.g. ``[{"role": "user", "content": "Hi"}]``.
+            add_generation_prompt: end with the assistant's turn header.
+            enable_thinking: for templates with a thinking switch (Qwen3.x); None keeps the default.
+            chat_template: a template to use instead of the one in the file.
+            **template_kwargs: extra variables for the template (JSON-serializable values).
+
+        Returns:
+            The prompt text (special tokens as text; generation parses them).
+
+        Raises:
+            ChatTemplateError: the template failed for these messages.
+            InvalidOptionError: messages or kwargs are not JSON-serializable.
+        """
+        try:
+            msgs = json.dumps(list(messages))
+            kwargs = [(k, json.dumps(v)) for k, v in template_kwargs.items()]
+        except (TypeError, ValueError) as e:
+            raise InvalidOptionError(f"messages and template kwargs must be JSON-serializable: {e}") from e
+        thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
+        return self._require().apply_chat_template(msgs, add_generation_prompt, thinking, kwargs,
+                                                   chat_template or "")
+
+
+def _id(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidOptionError(f"token ids must be ints, not {type(v).__name__}")
+    if v < 0 or v > 0x7FFFFFFF:
+        raise InvalidOptionError(f"token id {v} is out of range")
+    return v
+
+
+def _ids(ids: Iterable[int]) -> list[int]:
+    return [_id(i) for i in ids]

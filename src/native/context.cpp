@@ -1,0 +1,206 @@
+// Context creation from validated options, the abort wiring, and the low-level Context binding.
+#include "context.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "common.h"  // common
+#include "errors.h"
+#include "logging.h"
+
+namespace nb = nanobind;
+
+namespace llamaspec {
+
+namespace {
+
+bool abort_callback(void * data) { return static_cast<std::atomic<bool> *>(data)->load(std::memory_order_relaxed); }
+
+// The K/V cache types llama-server accepts.
+const char * const kCacheTypes[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
+
+ggml_type cache_type(const std::string & name, const char * option) {
+    for (const char * t : kCacheTypes) {
+        if (name == t) {
+            for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+                const char * n = ggml_type_name((ggml_type) i);
+                if (n != nullptr && name == n) return (ggml_type) i;
+            }
+        }
+    }
+    std::string allowed;
+    for (const char * t : kCacheTypes) allowed += std::string(allowed.empty() ? "" : ", ") + t;
+    throw Error(ErrorKind::InvalidOption, std::string(option) + " must be one of " + allowed + ", not '" + name + "'");
+}
+
+template <typename T> bool get(const nb::dict & d, const char * key, T & out) {
+    if (!d.contains(key)) return false;
+    nb::object v = d[key];
+    if (v.is_none()) return false;
+    out = nb::cast<T>(v);
+    return true;
+}
+
+}  // namespace
+
+llama_context_params context_params_from_dict(const nb::dict & o) {
+    llama_context_params p = llama_context_default_params();
+    p.n_ctx = 2048;
+    int32_t threads = common_cpu_get_num_math();
+    p.n_threads = threads;
+    p.n_threads_batch = threads;
+    p.no_perf = true;
+
+    int64_t i64;
+    double f;
+    bool b;
+    std::string s;
+    if (get(o, "n_ctx", i64)) p.n_ctx = (uint32_t) i64;
+    if (get(o, "n_batch", i64)) p.n_batch = (uint32_t) i64;
+    if (get(o, "n_ubatch", i64)) p.n_ubatch = (uint32_t) i64;
+    if (get(o, "n_seq_max", i64)) p.n_seq_max = (uint32_t) i64;
+    if (get(o, "n_threads", i64)) {
+        p.n_threads = (int32_t) i64;
+        p.n_threads_batch = (int32_t) i64;
+    }
+    if (get(o, "n_threads_batch", i64)) p.n_threads_batch = (int32_t) i64;
+    if (get(o, "type_k", s)) p.type_k = cache_type(s, "type_k");
+    if (get(o, "type_v", s)) p.type_v = cache_type(s, "type_v");
+    if (get(o, "flash_attn", s)) {
+        p.flash_attn_type = s == "on"  ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                            : s == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                         : LLAMA_FLASH_ATTN_TYPE_AUTO;
+    }
+    if (get(o, "offload_kqv", b)) p.offload_kqv = b;
+    if (get(o, "op_offload", b)) p.op_offload = b;
+    if (get(o, "no_perf", b)) p.no_perf = b;
+    if (get(o, "swa_full", b)) p.swa_full = b;
+    if (get(o, "embeddings", b)) p.embeddings = b;
+    if (get(o, "kv_unified", b)) p.kv_unified = b;
+    if (get(o, "rope_scaling_type", s)) {
+        p.rope_scaling_type = s == "none"       ? LLAMA_ROPE_SCALING_TYPE_NONE
+                              : s == "linear"   ? LLAMA_ROPE_SCALING_TYPE_LINEAR
+                              : s == "yarn"     ? LLAMA_ROPE_SCALING_TYPE_YARN
+                              : s == "longrope" ? LLAMA_ROPE_SCALING_TYPE_LONGROPE
+                                                : LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED;
+    }
+    if (get(o, "attention_type", s)) {
+        p.attention_type = s == "causal"       ? LLAMA_ATTENTION_TYPE_CAUSAL
+                           : s == "non_causal" ? LLAMA_ATTENTION_TYPE_NON_CAUSAL
+                                               : LLAMA_ATTENTION_TYPE_UNSPECIFIED;
+    }
+    if (get(o, "rope_freq_base", f)) p.rope_freq_base = (float) f;
+    if (get(o, "rope_freq_scale", f)) p.rope_freq_scale = (float) f;
+    if (get(o, "yarn_ext_factor", f)) p.yarn_ext_factor = (float) f;
+    if (get(o, "yarn_attn_factor", f)) p.yarn_attn_factor = (float) f;
+    if (get(o, "yarn_beta_fast", f)) p.yarn_beta_fast = (float) f;
+    if (get(o, "yarn_beta_slow", f)) p.yarn_beta_slow = (float) f;
+    if (get(o, "yarn_orig_ctx", i64)) p.yarn_orig_ctx = (uint32_t) i64;
+    if (p.n_ubatch > p.n_batch) p.n_ubatch = p.n_batch;
+    return p;
+}
+
+std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const llama_context_params & params) {
+    if (model->vocab_only()) {
+        throw Error(ErrorKind::InvalidOption,
+                    "model '" + model->path() + "' was loaded with vocab_only=True and cannot run a context");
+    }
+    std::shared_ptr<Context> c(new Context());
+    c->params_ = params;
+    c->params_.abort_callback = abort_callback;
+    c->params_.abort_callback_data = &c->abort_;
+    c->model_ = std::move(model);
+    LogCapture capture;
+    c->ctx_ = llama_init_from_model(c->model_->get(), c->params_);
+    if (c->ctx_ == nullptr) {
+        std::string why = capture.summary();
+        throw Error(ErrorKind::Generic, "failed to create a llama.cpp context for '" + c->model_->path() + "'" +
+                                            (why.empty() ? std::string() : ": " + why));
+    }
+    return c;
+}
+
+Context::~Context() {
+    if (ctx_ != nullptr) llama_free(ctx_);
+}
+
+void Context::clear_memory() { llama_memory_clear(llama_get_memory(ctx_), true); }
+
+int Context::decode(const llama_token * tokens, size_t n, llama_pos pos0) {
+    const size_t n_batch = std::max<uint32_t>(1, llama_n_batch(ctx_));
+    llama_batch batch = llama_batch_init((int32_t) std::min(n, n_batch), 0, 1);
+    int rc = 0;
+    for (size_t start = 0; start < n && rc == 0; start += n_batch) {
+        const size_t len = std::min(n_batch, n - start);
+        batch.n_tokens = 0;
+        for (size_t i = 0; i < len; ++i) {
+            batch_add(batch, tokens[start + i], pos0 + (llama_pos) (start + i), start + i == n - 1);
+        }
+        rc = llama_decode(ctx_, batch);
+    }
+    llama_batch_free(batch);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// bindings: the low-level Context (Generator builds its own from the same options)
+
+void register_context(nb::module_ & m) {
+    nb::class_<Context>(m, "Context", "A llama.cpp context on a Model (native core; use llamaspec.Context).")
+        .def_static(
+            "create",
+            [](std::shared_ptr<Model> model, nb::dict options) {
+                llama_context_params p = context_params_from_dict(options);
+                nb::gil_scoped_release nogil;
+                return Context::create(std::move(model), p);
+            },
+            nb::arg("model"), nb::arg("options"))
+        .def_prop_ro("n_ctx", &Context::n_ctx)
+        .def_prop_ro("n_batch", [](const Context & c) { return llama_n_batch(c.get()); })
+        .def_prop_ro("n_ubatch", [](const Context & c) { return llama_n_ubatch(c.get()); })
+        .def_prop_ro("n_seq_max", [](const Context & c) { return llama_n_seq_max(c.get()); })
+        .def_prop_ro("n_threads", [](const Context & c) { return llama_n_threads(c.get()); })
+        .def_prop_ro("n_threads_batch", [](const Context & c) { return llama_n_threads_batch(c.get()); })
+        .def("clear",
+             [](Context & c) {
+                 nb::gil_scoped_release nogil;
+                 c.clear_memory();
+             },
+             "Empty the KV cache and recurrent state.")
+        .def("decode",
+             [](Context & c, const std::vector<llama_token> & tokens, int pos0) {
+                 for (llama_token t : tokens) c.model()->check_token(t);
+                 int rc;
+                 {
+                     nb::gil_scoped_release nogil;
+                     c.clear_abort();
+                     rc = c.decode(tokens.data(), tokens.size(), pos0);
+                 }
+                 if (rc == 2) {
+                     throw Error::with_code(ErrorKind::Decode, "decode was aborted", rc);
+                 }
+                 if (rc != 0) {
+                     throw Error::with_code(ErrorKind::Decode, "llama_decode failed with code " + std::to_string(rc), rc);
+                 }
+             },
+             nb::arg("tokens"), nb::arg("pos0"), "Decode tokens (releases the GIL); logits for the last one.")
+        .def("logits",
+             [](Context & c) {
+                 const float * l = llama_get_logits_ith(c.get(), -1);
+                 if (l == nullptr) throw Error(ErrorKind::Generic, "no logits: decode something first");
+                 const size_t n = (size_t) c.model()->n_vocab();
+                 float * copy = new float[n];
+                 std::memcpy(copy, l, n * sizeof(float));
+                 nb::capsule owner(copy, [](void * p) noexcept { delete[] (float *) p; });
+                 return nb::ndarray<nb::numpy, float, nb::ndim<1>>(copy, {n}, owner);
+             },
+             "The logits of the last decoded token, as a new numpy array.")
+        .def("request_abort", &Context::request_abort, "Make the decode in progress return as aborted.");
+}
+
+}  // namespace llamaspec

@@ -1,0 +1,67 @@
+// The native Context: one llama_context on a shared Model, with a cancellation flag wired to
+// llama.cpp's abort callback.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "llama.h"
+#include "model.h"
+
+namespace llamaspec {
+
+// Appends one token of sequence 0 to a batch made by llama_batch_init(n, 0, 1).
+inline void batch_add(llama_batch & batch, llama_token id, llama_pos pos, bool logits) {
+    const int32_t i = batch.n_tokens++;
+    batch.token[i] = id;
+    batch.pos[i] = pos;
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = 0;
+    batch.logits[i] = logits;
+}
+
+// Builds llama_context_params from the options dict that the Python face has already validated
+// (names and types); values llama.cpp cannot take raise Error(InvalidOption).
+llama_context_params context_params_from_dict(const nanobind::dict & options);
+
+// Ownership: holds the Model (shared_ptr) so the weights outlive the context; frees the llama_context
+// in its destructor. Not thread-safe: one thread decodes at a time (Generator enforces this).
+class Context {
+public:
+    // Creates the llama_context; throws Error. Call without the GIL.
+    static std::shared_ptr<Context> create(std::shared_ptr<Model> model, const llama_context_params & params);
+    ~Context();
+    Context(const Context &) = delete;
+    Context & operator=(const Context &) = delete;
+
+    llama_context * get() const { return ctx_; }
+    const std::shared_ptr<Model> & model() const { return model_; }
+    const llama_context_params & params() const { return params_; }
+    uint32_t n_ctx() const { return llama_n_ctx(ctx_); }
+
+    // Cooperative cancellation: while set, llama_decode returns 2 at the next graph node.
+    void request_abort() { abort_.store(true, std::memory_order_relaxed); }
+    void clear_abort() { abort_.store(false, std::memory_order_relaxed); }
+    bool abort_requested() const { return abort_.load(std::memory_order_relaxed); }
+
+    // Empties the KV cache and recurrent state of every sequence.
+    void clear_memory();
+
+    // Decodes tokens at positions [pos0, pos0 + n) of sequence 0 in chunks of n_batch, with logits for
+    // the last token only. Returns llama_decode's code: 0 ok, 2 aborted, other values are errors.
+    int decode(const llama_token * tokens, size_t n, llama_pos pos0);
+
+private:
+    Context() = default;
+    std::shared_ptr<Model> model_;
+    llama_context * ctx_ = nullptr;
+    llama_context_params params_{};
+    std::atomic<bool> abort_{false};
+};
+
+void register_context(nanobind::module_ & m);
+
+}  // namespace llamaspec

@@ -1,0 +1,417 @@
+// The plain generation loop and its Python binding.
+#include "generator.h"
+
+#include <regex>
+
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "logging.h"
+
+namespace nb = nanobind;
+
+namespace llamaspec {
+
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+template <typename T> bool get(const nb::dict & d, const char * key, T & out) {
+    if (!d.contains(key)) return false;
+    nb::object v = d[key];
+    if (v.is_none()) return false;
+    out = nb::cast<T>(v);
+    return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// sampling
+
+common_params_sampling sampling_params_from_dict(const nb::dict & o) {
+    common_params_sampling p;  // llama.cpp's common defaults (documented in the README)
+    double f;
+    int64_t i;
+    std::string s;
+    if (get(o, "temperature", f)) p.temp = (float) f;
+    if (get(o, "top_k", i)) p.top_k = (int32_t) i;
+    if (get(o, "top_p", f)) p.top_p = (float) f;
+    if (get(o, "min_p", f)) p.min_p = (float) f;
+    if (get(o, "typical_p", f)) p.typ_p = (float) f;
+    if (get(o, "min_keep", i)) p.min_keep = (int32_t) i;
+    if (get(o, "seed", i)) p.seed = (uint32_t) i;
+    if (get(o, "repeat_penalty", f)) p.penalty_repeat = (float) f;
+    if (get(o, "frequency_penalty", f)) p.penalty_freq = (float) f;
+    if (get(o, "presence_penalty", f)) p.penalty_present = (float) f;
+    if (get(o, "penalty_last_n", i)) p.penalty_last_n = (int32_t) i;
+    if (get(o, "dry_multiplier", f)) p.dry_multiplier = (float) f;
+    if (get(o, "dry_base", f)) p.dry_base = (float) f;
+    if (get(o, "dry_allowed_length", i)) p.dry_allowed_length = (int32_t) i;
+    if (get(o, "dry_penalty_last_n", i)) p.dry_penalty_last_n = (int32_t) i;
+    if (get(o, "xtc_probability", f)) p.xtc_probability = (float) f;
+    if (get(o, "xtc_threshold", f)) p.xtc_threshold = (float) f;
+    if (get(o, "mirostat", i)) p.mirostat = (int32_t) i;
+    if (get(o, "mirostat_tau", f)) p.mirostat_tau = (float) f;
+    if (get(o, "mirostat_eta", f)) p.mirostat_eta = (float) f;
+    if (get(o, "grammar", s) && !s.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, s);
+    if (o.contains("logit_bias") && !o["logit_bias"].is_none()) {
+        for (nb::handle item : nb::iter(o["logit_bias"])) {
+            nb::tuple t = nb::cast<nb::tuple>(item);
+            p.logit_bias.push_back({nb::cast<llama_token>(t[0]), nb::cast<float>(t[1])});
+        }
+    }
+    p.no_perf = true;
+    return p;
+}
+
+common_sampler_ptr make_sampler(const Model & model, common_params_sampling params, const std::string & grammar_root) {
+    for (const auto & lb : params.logit_bias) model.check_token(lb.token);
+    std::string grammar = params.grammar.grammar;
+    if (!grammar.empty()) {
+        // Parse it once ourselves with the requested root, to report llama.cpp's own parser message.
+        LogCapture capture;
+        llama_sampler * probe = llama_sampler_init_grammar(model.vocab(), grammar.c_str(), grammar_root.c_str());
+        if (probe == nullptr) {
+            std::string why = capture.summary();
+            throw Error(ErrorKind::Grammar, "invalid grammar" + (why.empty() ? std::string() : ": " + why));
+        }
+        llama_sampler_free(probe);
+        if (grammar_root != "root") {
+            // common_sampler always starts at "root": alias it to the requested rule.
+            static const std::regex has_root(R"((^|\n)[ \t]*root[ \t]*::=)");
+            if (std::regex_search(grammar, has_root)) {
+                throw Error(ErrorKind::Grammar, "grammar_root='" + grammar_root +
+                                                    "' needs a grammar without its own rule named 'root'");
+            }
+            params.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, "root ::= " + grammar_root + "\n" + grammar);
+        }
+    }
+    LogCapture capture;
+    try {
+        common_sampler * s = common_sampler_init(model.get(), params);
+        if (s == nullptr) {
+            throw Error(ErrorKind::InvalidOption, "could not build the sampler: " + capture.summary());
+        }
+        return common_sampler_ptr(s);
+    } catch (const Error &) {
+        throw;
+    } catch (const std::exception & e) {
+        std::string why = capture.summary();
+        throw Error(params.grammar.grammar.empty() ? ErrorKind::InvalidOption : ErrorKind::Grammar,
+                    std::string(e.what()) + (why.empty() ? std::string() : ": " + why));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// queue, stop strings, emitter
+
+void EventQueue::push(Event ev) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        events_.push_back(std::move(ev));
+    }
+    cv_.notify_one();
+}
+
+std::optional<Event> EventQueue::pop(std::chrono::microseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout.count() < 0) {
+        cv_.wait(lock, [this] { return !events_.empty(); });
+    } else if (!cv_.wait_for(lock, timeout, [this] { return !events_.empty(); })) {
+        return std::nullopt;
+    }
+    Event ev = std::move(events_.front());
+    events_.pop_front();
+    return ev;
+}
+
+std::string StopMatcher::process(const std::string & text, bool final, bool & stopped) {
+    held_ += text;
+    stopped = false;
+    size_t best = std::string::npos;
+    for (const auto & s : stops_) {
+        size_t pos = held_.find(s);
+        if (pos < best) best = pos;
+    }
+    if (best != std::string::npos) {
+        stopped = true;
+        std::string out = held_.substr(0, best);
+        held_.clear();
+        return out;
+    }
+    size_t keep = 0;
+    if (!final) {
+        // the longest tail of held_ that is a proper prefix of a stop string
+        for (const auto & s : stops_) {
+            for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
+                if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+                    keep = k;
+                    break;
+                }
+            }
+        }
+    }
+    std::string out = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return out;
+}
+
+void TokenEmitter::push_deferred() {
+    if (deferred_) {
+        queue_.push(std::move(*deferred_));
+        deferred_.reset();
+    }
+}
+
+bool TokenEmitter::token(llama_token id, bool last) {
+    bool stopped = false;
+    std::string text = stop_.process(utf8_.feed(common_token_to_piece(vocab_, id, false), last), last, stopped);
+    push_deferred();
+    Event ev{Event::Token, id, std::move(text), {}, std::nullopt};
+    if (!stopped && !last && (utf8_.has_pending() || stop_.holding())) {
+        // Text is held back: keep this event until the next token, so that if the model ends here the
+        // held text can still travel with the token that produced it.
+        deferred_ = std::move(ev);
+    } else {
+        queue_.push(std::move(ev));
+    }
+    return stopped;
+}
+
+void TokenEmitter::end_of_generation() {
+    bool stopped = false;
+    std::string rest = stop_.process(utf8_.feed("", true), true, stopped);
+    if (deferred_) deferred_->text += rest;
+    push_deferred();
+}
+
+void TokenEmitter::abandon() { push_deferred(); }
+
+// ---------------------------------------------------------------------------------------------------
+// Generator and Run
+
+std::shared_ptr<Run> Generator::start(GenRequest req) {
+    const Model & model = *ctx_->model();
+    if (req.prompt.empty()) throw Error(ErrorKind::InvalidOption, "the prompt is empty");
+    for (llama_token t : req.prompt) model.check_token(t);
+    if (req.max_tokens < 1) throw Error(ErrorKind::InvalidOption, "max_tokens must be >= 1");
+    const size_t need = req.prompt.size() + (size_t) req.max_tokens;
+    if (need > ctx_->n_ctx()) {
+        throw Error(ErrorKind::ContextOverflow, "prompt (" + std::to_string(req.prompt.size()) + " tokens) + max_tokens (" +
+                                                    std::to_string(req.max_tokens) + ") = " + std::to_string(need) +
+                                                    " exceeds the context size n_ctx=" + std::to_string(ctx_->n_ctx()));
+    }
+    if (busy_->exchange(true)) {
+        throw Error(ErrorKind::Busy, "a generation is already running on this Generator (one at a time)");
+    }
+    try {
+        common_sampler_ptr smpl = make_sampler(model, req.sampling, req.grammar_root);
+        auto run = std::make_shared<Run>(ctx_, busy_, std::move(req), std::move(smpl));
+        run->launch();
+        return run;
+    } catch (...) {
+        busy_->store(false);
+        throw;
+    }
+}
+
+Run::Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, GenRequest req, common_sampler_ptr smpl)
+    : ctx_(std::move(ctx)), busy_(std::move(busy)), req_(std::move(req)), smpl_(std::move(smpl)) {}
+
+Run::~Run() { close(); }
+
+void Run::launch() {
+    t_start_ = Clock::now();
+    ctx_->clear_abort();
+    worker_ = std::thread([this] { work(); });
+}
+
+void Run::cancel() {
+    cancel_.store(true);
+    ctx_->request_abort();
+}
+
+void Run::close() {
+    std::lock_guard<std::mutex> lock(close_mutex_);
+    if (closed_) return;
+    cancel();
+    if (worker_.joinable()) worker_.join();
+    ctx_->clear_abort();
+    closed_ = true;
+    busy_->store(false);
+}
+
+void Run::finish(GenStats & stats, const char * reason) {
+    stats.finish_reason = reason;
+    stats.total_s = seconds(Clock::now() - t_start_);
+    Event done{Event::Done, -1, {}, stats, std::nullopt};
+    queue_.push(std::move(done));
+}
+
+void Run::work() {
+    Context & c = *ctx_;
+    llama_context * lctx = c.get();
+    const llama_vocab * vocab = c.model()->vocab();
+    GenStats stats;
+    stats.prompt_tokens = (int32_t) req_.prompt.size();
+    stats.seed = common_sampler_get_seed(smpl_.get());
+    TokenEmitter emitter(vocab, queue_, req_.stop);
+    llama_batch batch = llama_batch_init(1, 0, 1);
+    try {
+        c.clear_memory();
+        const Clock::time_point t_prefill = Clock::now();
+        int rc = c.decode(req_.prompt.data(), req_.prompt.size(), 0);
+        stats.prefill_s = seconds(Clock::now() - t_prefill);
+        if (rc == 2 || cancel_.load()) {
+            llama_batch_free(batch);
+            finish(stats, "cancelled");
+            return;
+        }
+        if (rc != 0) {
+            throw Error::with_code(ErrorKind::Decode, "prompt decode failed: llama_decode returned " + std::to_string(rc), rc);
+        }
+        for (llama_token t : req_.prompt) common_sampler_accept(smpl_.get(), t, false);
+
+        llama_pos pos = (llama_pos) req_.prompt.size();
+        Clock::time_point t_first{}, t_last{};
+        const char * reason = "length";
+        while (true) {
+            const llama_token id = common_sampler_sample(smpl_.get(), lctx, -1);
+            common_sampler_accept(smpl_.get(), id, true);
+            if (llama_vocab_is_eog(vocab, id)) {
+                emitter.end_of_generation();
+                queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
+                reason = "stop";
+                break;
+            }
+            ++stats.tokens;
+            const bool last = stats.tokens == req_.max_tokens;
+            const bool stopped = emitter.token(id, last);
+            t_last = Clock::now();
+            if (stats.tokens == 1) {
+                t_first = t_last;
+                stats.ttft_s = seconds(t_first - t_start_);
+            }
+            if (stopped) {
+                reason = "stop";
+                break;
+            }
+            if (last) break;
+            if (cancel_.load()) {
+                emitter.abandon();
+                reason = "cancelled";
+                break;
+            }
+            batch.n_tokens = 0;
+            batch_add(batch, id, pos++, true);
+            rc = llama_decode(lctx, batch);
+            if (rc == 2) {
+                emitter.abandon();
+                reason = "cancelled";
+                break;
+            }
+            if (rc != 0) {
+                emitter.abandon();
+                throw Error::with_code(ErrorKind::Decode, "decode failed: llama_decode returned " + std::to_string(rc), rc);
+            }
+        }
+        stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0;
+        llama_batch_free(batch);
+        finish(stats, reason);
+    } catch (const Error & e) {
+        llama_batch_free(batch);
+        queue_.push(Event{Event::Failure, -1, {}, stats, e});
+    } catch (const std::exception & e) {
+        llama_batch_free(batch);
+        queue_.push(Event{Event::Failure, -1, {}, stats, Error(ErrorKind::Generic, e.what())});
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// bindings
+
+static nb::dict stats_to_dict(const GenStats & s) {
+    nb::dict d;
+    d["prompt_tokens"] = s.prompt_tokens;
+    d["tokens"] = s.tokens;
+    d["prefill_time"] = s.prefill_s;
+    d["time_to_first_token"] = s.ttft_s;
+    d["generation_time"] = s.generation_s;
+    d["total_time"] = s.total_s;
+    d["tokens_per_second"] = s.tokens_per_second();
+    d["finish_reason"] = s.finish_reason;
+    d["seed"] = s.seed;
+    return d;
+}
+
+void register_generator(nb::module_ & m) {
+    nb::class_<Run>(m, "Run", "One generation in progress (native core; consumed by llamaspec.Generator).")
+        .def("next",
+             [](Run & r, double timeout) -> nb::object {
+                 // Wait in slices so that Ctrl-C (a pending signal) is noticed while we block.
+                 const auto slice = std::chrono::milliseconds(50);
+                 const bool forever = timeout < 0;
+                 const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(forever ? 0.0 : timeout));
+                 while (true) {
+                     std::optional<Event> ev;
+                     {
+                         nb::gil_scoped_release nogil;
+                         auto wait = std::chrono::duration_cast<std::chrono::microseconds>(slice);
+                         if (!forever) {
+                             auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+                             if (left < wait) wait = std::max(left, std::chrono::microseconds(0));
+                         }
+                         ev = r.next(wait);
+                     }
+                     if (ev) {
+                         switch (ev->kind) {
+                             case Event::Token:
+                                 return nb::make_tuple(0, ev->id, nb::str(ev->text.data(), ev->text.size()));
+                             case Event::EndOfGeneration:
+                                 return nb::make_tuple(1, ev->id);
+                             case Event::Done:
+                                 return nb::make_tuple(2, stats_to_dict(ev->stats));
+                             case Event::Failure:
+                                 throw *ev->error;
+                         }
+                     }
+                     if (PyErr_CheckSignals() != 0) throw nb::python_error();
+                     if (!forever && Clock::now() >= deadline) return nb::none();
+                 }
+             },
+             nb::arg("timeout"),
+             "Next event as (0, id, text) | (1, id) | (2, stats) or None after timeout seconds (< 0: no limit). "
+             "Releases the GIL while waiting; a worker error is raised here.")
+        .def("cancel", &Run::cancel, "Ask the worker to stop within one step (also inside a long prompt).")
+        .def("close",
+             [](Run & r) {
+                 nb::gil_scoped_release nogil;
+                 r.close();
+             },
+             "Cancel, wait for the worker and free the Generator for the next call (releases the GIL).")
+        .def_prop_ro("closed", &Run::closed);
+
+    nb::class_<Generator>(m, "Generator", "Plain generation engine (native core; use llamaspec.Generator).")
+        .def(nb::init<std::shared_ptr<Context>>(), nb::arg("context"))
+        .def_prop_ro("context", &Generator::context)
+        .def_prop_ro("busy", &Generator::busy)
+        .def("start",
+             [](Generator & g, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
+                nb::dict sampling, std::string grammar_root) {
+                 GenRequest req;
+                 req.prompt = std::move(prompt);
+                 req.max_tokens = max_tokens;
+                 req.stop = std::move(stop);
+                 req.sampling = sampling_params_from_dict(sampling);
+                 req.grammar_root = std::move(grammar_root);
+                 nb::gil_scoped_release nogil;
+                 return g.start(std::move(req));
+             },
+             nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
+             "Start a generation on a worker thread; returns its Run (releases the GIL).");
+}
+
+}  // namespace llamaspec

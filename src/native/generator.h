@@ -1,0 +1,167 @@
+// Plain (non-speculative) generation: a C++ worker thread runs prefill + decode + sample with the GIL
+// released and hands finished pieces to Python through an EventQueue.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "common.h"    // common
+#include "sampling.h"  // common
+#include "context.h"
+#include "errors.h"
+#include "utf8.h"
+
+namespace llamaspec {
+
+using Clock = std::chrono::steady_clock;
+
+// Sampling options from the dict the Python face validated. Throws Error(InvalidOption).
+common_params_sampling sampling_params_from_dict(const nanobind::dict & options);
+
+// Builds the sampler; an invalid grammar raises Error(Grammar) naming the problem. Without the GIL.
+common_sampler_ptr make_sampler(const Model & model, common_params_sampling params, const std::string & grammar_root);
+
+struct GenStats {
+    int32_t prompt_tokens = 0;
+    int32_t tokens = 0;
+    double prefill_s = 0;     // decoding the prompt
+    double ttft_s = 0;        // start of the call to the first token
+    double generation_s = 0;  // first to last token
+    double total_s = 0;
+    std::string finish_reason = "length";  // "stop" | "length" | "cancelled"
+    uint32_t seed = 0;
+
+    double tokens_per_second() const { return tokens > 1 && generation_s > 0 ? (tokens - 1) / generation_s : 0.0; }
+};
+
+struct Event {
+    enum Kind { Token = 0, EndOfGeneration = 1, Done = 2, Failure = 3 };
+    Kind kind;
+    llama_token id = -1;
+    std::string text;
+    GenStats stats;
+    std::optional<Error> error;
+};
+
+// A blocking FIFO between the worker (push) and the consumer (pop with a timeout).
+class EventQueue {
+public:
+    void push(Event ev);
+    // Waits up to `timeout` for an event.
+    std::optional<Event> pop(std::chrono::microseconds timeout);
+
+private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    std::deque<Event> events_;
+};
+
+// Holds back text that may be the start of a stop string; finds the earliest stop.
+class StopMatcher {
+public:
+    explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+    // Returns the text that can be emitted now; sets `stopped` when a stop string appeared (its text and
+    // anything after it are dropped). With final=true nothing is held back.
+    std::string process(const std::string & text, bool final, bool & stopped);
+    bool holding() const { return !held_.empty(); }
+
+private:
+    std::vector<std::string> stops_;
+    std::string held_;
+};
+
+struct GenRequest {
+    std::vector<llama_token> prompt;
+    int32_t max_tokens = 256;
+    std::vector<std::string> stop;
+    common_params_sampling sampling;
+    std::string grammar_root = "root";
+};
+
+// Turns sampled token ids into Token events: valid UTF-8, stop strings, and the one-event hold-back
+// that keeps held text attached to a token (see docs/architecture.md, "Text and events").
+class TokenEmitter {
+public:
+    TokenEmitter(const llama_vocab * vocab, EventQueue & queue, std::vector<std::string> stops)
+        : vocab_(vocab), queue_(queue), stop_(std::move(stops)) {}
+    // Emits a token; returns true when a stop string ended the text.
+    bool token(llama_token id, bool last);
+    // The model ended by itself: release whatever is held into the last token event.
+    void end_of_generation();
+    // Generation stops for another reason (cancel, error): push what is deferred as it is.
+    void abandon();
+
+private:
+    void push_deferred();
+    const llama_vocab * vocab_;
+    EventQueue & queue_;
+    Utf8Decoder utf8_;
+    StopMatcher stop_;
+    std::optional<Event> deferred_;
+};
+
+class Run;
+
+// The engine behind llamaspec.Generator: owns a Context and allows one Run at a time.
+class Generator {
+public:
+    explicit Generator(std::shared_ptr<Context> ctx) : ctx_(std::move(ctx)), busy_(std::make_shared<std::atomic<bool>>(false)) {}
+    // Validates the request, builds the sampler and starts the worker. Throws Busy, ContextOverflow,
+    // InvalidOption, Grammar. Call without the GIL.
+    std::shared_ptr<Run> start(GenRequest req);
+    const std::shared_ptr<Context> & context() const { return ctx_; }
+    bool busy() const { return busy_->load(); }
+
+private:
+    std::shared_ptr<Context> ctx_;
+    std::shared_ptr<std::atomic<bool>> busy_;
+};
+
+// One generation call. Ownership: holds the Context (so the llama_context outlives the worker) and the
+// Generator's busy flag, which it clears on close(). The consumer must call close() (the Python face
+// does in every exit path); the destructor closes too.
+class Run {
+public:
+    Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, GenRequest req, common_sampler_ptr smpl);
+    ~Run();
+    Run(const Run &) = delete;
+    Run & operator=(const Run &) = delete;
+
+    void launch();
+    // Next event, or nullopt after `timeout` (negative: wait forever).
+    std::optional<Event> next(std::chrono::microseconds timeout) { return queue_.pop(timeout); }
+    // Asks the worker to stop at the next step, or at the next graph node inside a decode.
+    void cancel();
+    // cancel() + join the worker + release the Generator. Idempotent. Call without the GIL.
+    void close();
+    bool closed() const { return closed_; }
+
+private:
+    void work();
+    void finish(GenStats & stats, const char * reason);
+
+    std::shared_ptr<Context> ctx_;
+    std::shared_ptr<std::atomic<bool>> busy_;
+    GenRequest req_;
+    common_sampler_ptr smpl_;
+    EventQueue queue_;
+    std::thread worker_;
+    std::atomic<bool> cancel_{false};
+    std::mutex close_mutex_;
+    bool closed_ = false;
+    Clock::time_point t_start_;
+};
+
+void register_generator(nanobind::module_ & m);
+
+}  // namespace llamaspec

@@ -1,0 +1,262 @@
+// Model loading, properties, tokenizer and chat templates.
+#include "model.h"
+
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "chat.h"    // common
+#include "common.h"  // common
+#include "json.h"    // common
+#include "errors.h"
+#include "logging.h"
+
+namespace nb = nanobind;
+
+namespace llamaspec {
+
+static llama_split_mode parse_split_mode(const std::string & s) {
+    if (s == "none") return LLAMA_SPLIT_MODE_NONE;
+    if (s == "layer") return LLAMA_SPLIT_MODE_LAYER;
+    if (s == "row") return LLAMA_SPLIT_MODE_ROW;
+    throw Error(ErrorKind::InvalidOption, "split_mode must be 'none', 'layer' or 'row', not '" + s + "'");
+}
+
+std::shared_ptr<Model> Model::load(const std::string & path, const ModelOptions & opts) {
+    llama_model_params p = llama_model_default_params();
+    p.n_gpu_layers = opts.n_gpu_layers;
+    p.main_gpu = opts.main_gpu;
+    p.split_mode = parse_split_mode(opts.split_mode);
+    std::vector<float> split(llama_max_devices(), 0.0f);
+    if (!opts.tensor_split.empty()) {
+        if (opts.tensor_split.size() > split.size()) {
+            throw Error(ErrorKind::InvalidOption,
+                        "tensor_split has " + std::to_string(opts.tensor_split.size()) + " entries; this build supports at most " +
+                            std::to_string(split.size()) + " devices");
+        }
+        std::copy(opts.tensor_split.begin(), opts.tensor_split.end(), split.begin());
+        p.tensor_split = split.data();
+    }
+    p.load_mtp = opts.load_mtp;
+    // use_mmap=True keeps llama.cpp's own default (AUTO: mmap where the backend allows it).
+    p.load_mode = opts.use_mmap ? (opts.use_mlock ? LLAMA_LOAD_MODE_MMAP_MLOCK : LLAMA_LOAD_MODE_AUTO)
+                                : (opts.use_mlock ? LLAMA_LOAD_MODE_MLOCK : LLAMA_LOAD_MODE_NONE);
+    p.vocab_only = opts.vocab_only;
+    p.check_tensors = opts.check_tensors;
+    p.use_extra_bufts = opts.use_extra_bufts;
+
+    LogCapture capture;
+    llama_model * raw = llama_model_load_from_file(path.c_str(), p);
+    if (raw == nullptr) {
+        std::string why = capture.summary();
+        if (capture.contains("unknown model architecture") || capture.contains("unsupported model architecture")) {
+            throw Error(ErrorKind::UnsupportedModel,
+                        "llama.cpp does not support the architecture of '" + path + "': " + why, 0, false, path);
+        }
+        throw Error(ErrorKind::ModelLoad,
+                    "failed to load model '" + path + "'" + (why.empty() ? std::string() : ": " + why), 0, false, path);
+    }
+    std::shared_ptr<Model> m(new Model());
+    m->model_ = raw;
+    m->vocab_ = llama_model_get_vocab(raw);
+    m->path_ = path;
+    m->vocab_only_ = opts.vocab_only;
+    m->mtp_loaded_ = opts.load_mtp && !opts.vocab_only;
+    return m;
+}
+
+Model::~Model() {
+    chat_templates_.reset();
+    if (model_ != nullptr) {
+        llama_model_free(model_);
+    }
+}
+
+void Model::check_token(llama_token id) const {
+    if (id < 0 || id >= n_vocab()) {
+        throw Error(ErrorKind::InvalidOption,
+                    "token id " + std::to_string(id) + " is out of range [0, " + std::to_string(n_vocab()) + ")");
+    }
+}
+
+std::vector<llama_token> Model::tokenize(const std::string & text, bool add_special, bool parse_special) const {
+    return common_tokenize(vocab_, text, add_special, parse_special);
+}
+
+std::string Model::detokenize(const std::vector<llama_token> & ids, bool special) const {
+    for (llama_token id : ids) check_token(id);
+    return common_detokenize(vocab_, ids, special);
+}
+
+std::string Model::token_to_piece(llama_token id, bool special) const {
+    check_token(id);
+    return common_token_to_piece(vocab_, id, special);
+}
+
+std::string Model::meta(const std::string & key) const {
+    int32_t n = llama_model_meta_val_str(model_, key.c_str(), nullptr, 0);
+    if (n < 0) return {};
+    std::string buf(n + 1, '\0');
+    llama_model_meta_val_str(model_, key.c_str(), buf.data(), buf.size());
+    buf.resize(n);
+    return buf;
+}
+
+std::string Model::apply_chat_template(const std::string & messages_json, bool add_generation_prompt, int enable_thinking,
+                                       const std::vector<std::pair<std::string, std::string>> & kwargs,
+                                       const std::string & template_override) const {
+    LogCapture capture;
+    try {
+        std::shared_ptr<common_chat_templates> tmpls;
+        if (template_override.empty()) {
+            std::lock_guard<std::mutex> lock(chat_mutex_);
+            if (!chat_templates_) {
+                chat_templates_ = std::shared_ptr<common_chat_templates>(common_chat_templates_init(model_, "").release(),
+                                                                         common_chat_templates_deleter());
+            }
+            tmpls = chat_templates_;
+        } else {
+            tmpls = std::shared_ptr<common_chat_templates>(common_chat_templates_init(model_, template_override).release(),
+                                                           common_chat_templates_deleter());
+        }
+        common_chat_templates_inputs in;
+        in.messages = common_chat_msgs_parse_oaicompat(common_json::parse(messages_json));
+        in.add_generation_prompt = add_generation_prompt;
+        in.use_jinja = true;
+        for (const auto & kv : kwargs) {
+            in.chat_template_kwargs[kv.first] = kv.second;
+        }
+        if (enable_thinking >= 0) {
+            in.enable_thinking = enable_thinking == 1;
+            in.chat_template_kwargs["enable_thinking"] = enable_thinking == 1 ? "true" : "false";
+        }
+        return common_chat_templates_apply(tmpls.get(), in).prompt;
+    } catch (const Error &) {
+        throw;
+    } catch (const std::exception & e) {
+        std::string why = e.what();
+        std::string logged = capture.summary();
+        if (!logged.empty()) why += " (" + logged + ")";
+        throw Error(ErrorKind::ChatTemplate, "chat template failed: " + why);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// bindings
+
+static nb::bytes to_bytes(const std::string & s) { return nb::bytes(s.data(), s.size()); }
+
+void register_model(nb::module_ & m) {
+    nb::class_<Model>(m, "Model", "A loaded GGUF model (native core; use llamaspec.Model).")
+        .def_static(
+            "load",
+            [](const std::string & path, int n_gpu_layers, int main_gpu, const std::string & split_mode,
+               const std::vector<float> & tensor_split, bool load_mtp, bool use_mmap, bool use_mlock, bool vocab_only,
+               bool check_tensors, bool use_extra_bufts) {
+                ModelOptions o;
+                o.n_gpu_layers = n_gpu_layers;
+                o.main_gpu = main_gpu;
+                o.split_mode = split_mode;
+                o.tensor_split = tensor_split;
+                o.load_mtp = load_mtp;
+                o.use_mmap = use_mmap;
+                o.use_mlock = use_mlock;
+                o.vocab_only = vocab_only;
+                o.check_tensors = check_tensors;
+                o.use_extra_bufts = use_extra_bufts;
+                nb::gil_scoped_release nogil;
+                return Model::load(path, o);
+            },
+            nb::arg("path"), nb::arg("n_gpu_layers"), nb::arg("main_gpu"), nb::arg("split_mode"), nb::arg("tensor_split"),
+            nb::arg("load_mtp"), nb::arg("use_mmap"), nb::arg("use_mlock"), nb::arg("vocab_only"),
+            nb::arg("check_tensors"), nb::arg("use_extra_bufts"), "Load a GGUF file (releases the GIL).")
+        .def_prop_ro("path", &Model::path)
+        .def_prop_ro("description",
+                     [](const Model & self) {
+                         char buf[256];
+                         int n = llama_model_desc(self.get(), buf, sizeof(buf));
+                         return std::string(buf, n > 0 ? std::min<size_t>(n, sizeof(buf) - 1) : 0);
+                     })
+        .def_prop_ro("n_params", [](const Model & self) { return llama_model_n_params(self.get()); })
+        .def_prop_ro("size", [](const Model & self) { return llama_model_size(self.get()); })
+        .def_prop_ro("n_ctx_train", [](const Model & self) { return llama_model_n_ctx_train(self.get()); })
+        .def_prop_ro("n_embd", [](const Model & self) { return llama_model_n_embd(self.get()); })
+        .def_prop_ro("n_vocab", &Model::n_vocab)
+        .def_prop_ro("n_layer", [](const Model & self) { return llama_model_n_layer(self.get()); })
+        .def_prop_ro("n_layer_nextn", [](const Model & self) { return llama_model_n_layer_nextn(self.get()); })
+        .def_prop_ro("n_head", [](const Model & self) { return llama_model_n_head(self.get()); })
+        .def_prop_ro("n_head_kv", [](const Model & self) { return llama_model_n_head_kv(self.get()); })
+        .def_prop_ro("vocab_only", &Model::vocab_only)
+        .def_prop_ro("mtp_loaded", &Model::mtp_loaded)
+        .def_prop_ro("has_encoder", [](const Model & self) { return llama_model_has_encoder(self.get()); })
+        .def_prop_ro("chat_template",
+                     [](const Model & self) -> nb::object {
+                         const char * t = llama_model_chat_template(self.get(), nullptr);
+                         if (t == nullptr) return nb::none();
+                         return nb::str(t);
+                     })
+        .def("metadata",
+             [](const Model & self) {
+                 nb::dict out;
+                 int32_t n = llama_model_meta_count(self.get());
+                 std::vector<char> key(512), val(4096);
+                 for (int32_t i = 0; i < n; ++i) {
+                     int32_t kn = llama_model_meta_key_by_index(self.get(), i, key.data(), key.size());
+                     if (kn < 0) continue;
+                     if ((size_t) kn >= key.size()) {
+                         key.resize(kn + 1);
+                         llama_model_meta_key_by_index(self.get(), i, key.data(), key.size());
+                     }
+                     int32_t vn = llama_model_meta_val_str_by_index(self.get(), i, val.data(), val.size());
+                     if (vn < 0) continue;
+                     if ((size_t) vn >= val.size()) {
+                         val.resize(vn + 1);
+                         llama_model_meta_val_str_by_index(self.get(), i, val.data(), val.size());
+                     }
+                     out[nb::str(key.data(), kn)] = nb::str(val.data(), vn);
+                 }
+                 return out;
+             },
+             "Every GGUF metadata key with its value as llama.cpp renders it (arrays are abbreviated).")
+        .def("meta", &Model::meta, nb::arg("key"))
+        .def("tokenize",
+             [](const Model & self, const std::string & text, bool add_special, bool parse_special) {
+                 nb::gil_scoped_release nogil;
+                 return self.tokenize(text, add_special, parse_special);
+             },
+             nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
+        .def("detokenize",
+             [](const Model & self, const std::vector<llama_token> & ids, bool special) {
+                 std::string s;
+                 {
+                     nb::gil_scoped_release nogil;
+                     s = self.detokenize(ids, special);
+                 }
+                 return to_bytes(s);
+             },
+             nb::arg("ids"), nb::arg("special"))
+        .def("token_to_piece",
+             [](const Model & self, llama_token id, bool special) { return to_bytes(self.token_to_piece(id, special)); },
+             nb::arg("id"), nb::arg("special"))
+        .def_prop_ro("bos", [](const Model & self) { return llama_vocab_bos(self.vocab()); })
+        .def_prop_ro("eos", [](const Model & self) { return llama_vocab_eos(self.vocab()); })
+        .def_prop_ro("eot", [](const Model & self) { return llama_vocab_eot(self.vocab()); })
+        .def_prop_ro("add_bos", [](const Model & self) { return llama_vocab_get_add_bos(self.vocab()); })
+        .def("is_eog", [](const Model & self, llama_token id) { return llama_vocab_is_eog(self.vocab(), id); }, nb::arg("id"))
+        .def("is_control", [](const Model & self, llama_token id) {
+                 self.check_token(id);
+                 return llama_vocab_is_control(self.vocab(), id);
+             }, nb::arg("id"))
+        .def("apply_chat_template",
+             [](const Model & self, const std::string & messages_json, bool add_generation_prompt, int enable_thinking,
+                const std::vector<std::pair<std::string, std::string>> & kwargs, const std::string & template_override) {
+                 nb::gil_scoped_release nogil;
+                 return self.apply_chat_template(messages_json, add_generation_prompt, enable_thinking, kwargs,
+                                                 template_override);
+             },
+             nb::arg("messages_json"), nb::arg("add_generation_prompt"), nb::arg("enable_thinking"), nb::arg("kwargs"),
+             nb::arg("template_override"));
+}
+
+}  // namespace llamaspec

@@ -1,0 +1,76 @@
+// The native Model: owns one llama_model; shared (std::shared_ptr) by every context built on it.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+
+#include "llama.h"
+
+struct common_chat_templates;
+
+namespace llamaspec {
+
+struct ModelOptions {
+    int n_gpu_layers = 0;
+    int main_gpu = 0;
+    std::string split_mode = "layer";
+    std::vector<float> tensor_split;
+    bool load_mtp = true;
+    bool use_mmap = true;
+    bool use_mlock = false;
+    bool vocab_only = false;
+    bool check_tensors = false;
+    bool use_extra_bufts = true;
+};
+
+// Ownership: the llama_model is freed when the last shared_ptr goes, i.e. after the Python Model and
+// every Context/Generator built on it are gone. All methods are const on the weights, so one Model may
+// serve any number of contexts and threads at once (llama.cpp's model is read-only after loading).
+class Model {
+public:
+    // Loads the file; throws Error(ModelLoad / UnsupportedModel). Call without the GIL.
+    static std::shared_ptr<Model> load(const std::string & path, const ModelOptions & opts);
+    ~Model();
+    Model(const Model &) = delete;
+    Model & operator=(const Model &) = delete;
+
+    llama_model * get() const { return model_; }
+    const llama_vocab * vocab() const { return vocab_; }
+    const std::string & path() const { return path_; }
+    bool vocab_only() const { return vocab_only_; }
+    bool mtp_loaded() const { return mtp_loaded_; }
+    int32_t n_vocab() const { return llama_vocab_n_tokens(vocab_); }
+
+    // Throws Error(InvalidOption) unless 0 <= id < n_vocab.
+    void check_token(llama_token id) const;
+
+    std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
+    std::string detokenize(const std::vector<llama_token> & ids, bool special) const;
+    std::string token_to_piece(llama_token id, bool special) const;
+    std::string meta(const std::string & key) const;  // "" when absent
+
+    // Renders messages (a JSON array in OpenAI chat format) with the model's template through
+    // common's jinja engine. enable_thinking: -1 = template default, 0 = off, 1 = on.
+    std::string apply_chat_template(const std::string & messages_json, bool add_generation_prompt,
+                                    int enable_thinking, const std::vector<std::pair<std::string, std::string>> & kwargs,
+                                    const std::string & template_override) const;
+
+private:
+    Model() = default;
+    llama_model * model_ = nullptr;
+    const llama_vocab * vocab_ = nullptr;
+    std::string path_;
+    bool vocab_only_ = false;
+    bool mtp_loaded_ = false;
+
+    mutable std::mutex chat_mutex_;
+    mutable std::shared_ptr<common_chat_templates> chat_templates_;  // built on first use
+};
+
+void register_model(nanobind::module_ & m);
+
+}  // namespace llamaspec

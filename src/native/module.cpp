@@ -1,0 +1,37 @@
+// The private native module llamaspec._native: one register_<area>() per binding file.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "llama.h"
+#include "errors.h"
+#include "logging.h"
+
+namespace llamaspec {
+void register_model(nanobind::module_ & m);
+void register_context(nanobind::module_ & m);
+void register_generator(nanobind::module_ & m);
+}  // namespace llamaspec
+
+namespace nb = nanobind;
+
+NB_MODULE(_native, m) {
+    m.doc() = "llamaspec's native core (private: import from llamaspec instead).";
+    // Models held by long-lived Python objects at interpreter exit are reported as "leaks" by
+    // nanobind on stderr; they are freed by the OS, and a library must not print.
+    nb::set_leak_warnings(false);
+    llamaspec::install_log_routing();
+    llama_backend_init();
+
+    llamaspec::register_errors(m);
+    llamaspec::register_logging(m);
+    llamaspec::register_model(m);
+    llamaspec::register_context(m);
+    llamaspec::register_generator(m);
+
+    m.def("system_info", [] { return std::string(llama_print_system_info()); },
+          "llama.cpp's description of the compiled CPU features and backends.");
+    m.def("max_devices", [] { return llama_max_devices(); });
+    m.def("supports_gpu_offload", [] { return llama_supports_gpu_offload(); });
+    m.def("supports_mmap", [] { return llama_supports_mmap(); });
+    m.def("supports_mlock", [] { return llama_supports_mlock(); });
+}

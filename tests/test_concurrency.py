@@ -1,0 +1,183 @@
+"""Cancellation, reuse, timeouts, concurrency, async: the native loop always stops and the object is
+reusable at once."""
+
+from __future__ import annotations
+
+import _thread
+import asyncio
+import gc
+import threading
+import time
+
+import pytest
+
+import llamaspec
+from llamaspec import BusyError, Done, Token
+
+from .conftest import proc_threads
+
+pytestmark = pytest.mark.fixture
+
+
+def test_break_after_three_tokens_200_times(fx: llamaspec.Model) -> None:
+    with llamaspec.Generator(fx, n_ctx=256, n_threads=1) as g:
+        reference = g.generate("abc", 20, temperature=0)
+        threads_before = proc_threads()
+        for i in range(200):
+            got = []
+            for piece in g.stream("abc", 200, temperature=0):
+                got.append(piece)
+                if len(got) == 3:
+                    break
+            assert "".join(got) == reference[:3]
+            assert not g.busy
+            if i % 50 == 0:
+                assert g.generate("abc", 20, temperature=0) == reference
+        assert g.generate("abc", 20, temperature=0) == reference
+        assert proc_threads() <= threads_before  # no leaked native worker
+
+
+def test_abandoned_iterator_is_closed_by_gc(fx: llamaspec.Model) -> None:
+    with llamaspec.Generator(fx, n_ctx=256, n_threads=1) as g:
+        it = g.stream("abc", 200, temperature=0)
+        next(it)
+        assert g.busy
+        del it
+        gc.collect()
+        assert not g.busy
+        assert g.generate("abc", 5, temperature=0)
+
+
+def test_cancel_during_long_prompt(smol: llamaspec.Model) -> None:
+    with llamaspec.Generator(smol, n_ctx=2048) as g:
+        prompt = smol.tokenize("word " * 1800)
+        t0 = time.perf_counter()
+        list(g.stream_events(prompt, 2, temperature=0))
+        full_prefill = time.perf_counter() - t0
+
+        timer = threading.Timer(full_prefill / 10, g.cancel)
+        t0 = time.perf_counter()
+        timer.start()
+        events = list(g.stream_events(prompt, 2, temperature=0))
+        elapsed = time.perf_counter() - t0
+        timer.join()
+        assert isinstance(events[-1], Done) and events[-1].stats.finish_reason == "cancelled"
+        assert not any(isinstance(e, Token) for e in events)
+        assert elapsed < full_prefill * 0.6, (elapsed, full_prefill)  # stopped inside the prompt
+        assert "Paris" in g.generate("The capital of France is", 8, temperature=0)  # reusable at once
+
+
+def test_ctrl_c_during_blocking_generate(smol: llamaspec.Model) -> None:
+    with llamaspec.Generator(smol, n_ctx=2048) as g:
+        prompt = smol.tokenize("word " * 1800)
+        timer = threading.Timer(0.05, _thread.interrupt_main)
+        timer.start()
+        t0 = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            g.generate(prompt, 200, temperature=0)
+        timer.join()
+        assert time.perf_counter() - t0 < 1.0
+        assert not g.busy
+        assert "Paris" in g.generate("The capital of France is", 8, temperature=0)
+
+
+def test_concurrent_calls_on_one_generator_raise_busy(fx: llamaspec.Model) -> None:
+    results: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    with llamaspec.Generator(fx, n_ctx=512, n_threads=1) as g:
+        def worker() -> None:
+            start.wait()
+            try:
+                results.append(g.generate("abc", 300, temperature=0))
+            except BusyError as e:
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert len(results) >= 1 and len(results) + len(errors) == 4
+    assert len(set(results)) == 1
+
+
+def test_shared_model_two_threads_two_generators(smol: llamaspec.Model) -> None:
+    prompts = ["The capital of France is", "My favourite fruit is"]
+    with llamaspec.Generator(smol, n_threads=1) as g:
+        expected = [g.generate(p, 32, temperature=0) for p in prompts]
+    out: dict[int, list[str]] = {0: [], 1: []}
+
+    def worker(i: int) -> None:
+        with llamaspec.Generator(smol, n_threads=1) as g:
+            for _ in range(3):
+                out[i].append(g.generate(prompts[i], 32, temperature=0))
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert out[0] == [expected[0]] * 3 and out[1] == [expected[1]] * 3
+
+
+def test_async_stream_matches_sync(fx: llamaspec.Model) -> None:
+    with llamaspec.Generator(fx, n_ctx=256, n_threads=1) as g:
+        expected = g.generate("async", 30, temperature=0)
+
+        async def main() -> tuple[str, list[object]]:
+            text = "".join([p async for p in g.astream("async", 30, temperature=0)])
+            events = [e async for e in g.astream_events("async", 30, temperature=0)]
+            return text, events
+
+        text, events = asyncio.run(main())
+    assert text == expected
+    assert isinstance(events[-1], Done) and events[-1].stats.tokens == 30
+
+
+def test_async_does_not_block_the_event_loop_and_cancels(fx: llamaspec.Model) -> None:
+    with llamaspec.Generator(fx, n_ctx=1024, n_threads=1) as g:
+        async def main() -> int:
+            ticks = 0
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.001)
+                    ticks += 1
+
+            t = asyncio.create_task(ticker())
+
+            async def consume() -> None:
+                async for _ in g.astream("abc", 900, temperature=0):
+                    await asyncio.sleep(0)
+
+            task = asyncio.create_task(consume())
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            t.cancel()
+            return ticks
+
+        ticks = asyncio.run(main())
+        assert ticks > 20  # the loop kept running while tokens streamed
+        assert not g.busy
+        assert len(g.generate("abc", 10, temperature=0)) == 10
+
+
+def test_close_while_streaming_in_another_thread(fx: llamaspec.Model) -> None:
+    g = llamaspec.Generator(fx, n_ctx=2048, n_threads=1)
+    got: list[object] = []
+
+    def consume() -> None:
+        got.extend(g.stream_events("abc", 2000, temperature=0))
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.05)
+    g.close()
+    t.join(10)
+    assert not t.is_alive()
+    assert isinstance(got[-1], Done) and got[-1].stats.finish_reason == "cancelled"
