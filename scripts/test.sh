@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 venv="${LLAMASPEC_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-py="$venv/bin/python"
+py="$(cd "$venv" && pwd)/bin/python"
 
 start=$(date +%s)
 "$py" -m pip install --quiet ".[test]"

