@@ -45,7 +45,7 @@ def _check_timeout(name: str, v: Any) -> float | None:
 
 
 class _StreamingSession:
-    _engine: Any
+    _engine: _native.Generator | None
     _model: Model
 
     def _init_session(self) -> None:
@@ -68,10 +68,12 @@ class _StreamingSession:
         if isinstance(prompt, str):
             tokens = self._model.tokenize(prompt, add_special=True, parse_special=True)
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-            tokens = list(prompt)
-            for t in tokens:
+            items: list[object] = list(prompt)
+            tokens = []
+            for t in items:
                 if isinstance(t, bool) or not isinstance(t, int):
                     raise InvalidOptionError(f"a token-id prompt must hold ints, not {type(t).__name__}")
+                tokens.append(t)
         else:
             raise InvalidOptionError(f"prompt must be a str or a list of token ids, not {type(prompt).__name__}")
         if not tokens:
@@ -80,8 +82,11 @@ class _StreamingSession:
                         _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts)
 
     def _start(self, req: _Request) -> _native.Run:
+        engine = self._engine
+        if engine is None:
+            raise ClosedError(f"this {type(self).__name__} is closed")
         sync_log_level()
-        run = self._engine.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root)
+        run = engine.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root)
         with self._lock:
             self._active = run
         return run

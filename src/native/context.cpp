@@ -154,7 +154,7 @@ void register_context(nb::module_ & m) {
     nb::class_<Context>(m, "Context", "A llama.cpp context on a Model (native core; use llamaspec.Context).")
         .def_static(
             "create",
-            [](std::shared_ptr<Model> model, nb::dict options) {
+            [](std::shared_ptr<Model> model, nb::typed<nb::dict, nb::str, nb::any> options) {
                 llama_context_params p = context_params_from_dict(options);
                 nb::gil_scoped_release nogil;
                 return Context::create(std::move(model), p);

@@ -332,8 +332,8 @@ void Run::work() {
 // ---------------------------------------------------------------------------------------------------
 // bindings
 
-static nb::dict stats_to_dict(const GenStats & s) {
-    nb::dict d;
+static nb::typed<nb::dict, nb::str, nb::any> stats_to_dict(const GenStats & s) {
+    nb::typed<nb::dict, nb::str, nb::any> d;
     d["prompt_tokens"] = s.prompt_tokens;
     d["tokens"] = s.tokens;
     d["prefill_time"] = s.prefill_s;
@@ -382,7 +382,7 @@ void register_generator(nb::module_ & m) {
                      if (!forever && Clock::now() >= deadline) return nb::none();
                  }
              },
-             nb::arg("timeout"),
+             nb::arg("timeout"), nb::sig("def next(self, timeout: float) -> tuple[typing.Any, ...] | None"),
              "Next event as (0, id, text) | (1, id) | (2, stats) or None after timeout seconds (< 0: no limit). "
              "Releases the GIL while waiting; a worker error is raised here.")
         .def("cancel", &Run::cancel, "Ask the worker to stop within one step (also inside a long prompt).")
@@ -400,7 +400,7 @@ void register_generator(nb::module_ & m) {
         .def_prop_ro("busy", &Generator::busy)
         .def("start",
              [](Generator & g, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
-                nb::dict sampling, std::string grammar_root) {
+                nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root) {
                  GenRequest req;
                  req.prompt = std::move(prompt);
                  req.max_tokens = max_tokens;

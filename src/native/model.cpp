@@ -1,6 +1,7 @@
 // Model loading, properties, tokenizer and chat templates.
 #include "model.h"
 
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -191,14 +192,14 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("mtp_loaded", &Model::mtp_loaded)
         .def_prop_ro("has_encoder", [](const Model & self) { return llama_model_has_encoder(self.get()); })
         .def_prop_ro("chat_template",
-                     [](const Model & self) -> nb::object {
+                     [](const Model & self) -> std::optional<std::string> {
                          const char * t = llama_model_chat_template(self.get(), nullptr);
-                         if (t == nullptr) return nb::none();
-                         return nb::str(t);
+                         if (t == nullptr) return std::nullopt;
+                         return std::string(t);
                      })
         .def("metadata",
              [](const Model & self) {
-                 nb::dict out;
+                 nb::typed<nb::dict, nb::str, nb::str> out;
                  int32_t n = llama_model_meta_count(self.get());
                  std::vector<char> key(512), val(4096);
                  for (int32_t i = 0; i < n; ++i) {
