@@ -4,10 +4,13 @@ Both run the same model, prompt, thread count and token count, built from the sa
 with the same CPU flags (bench/upstream.py). Runs alternate (ours, upstream, ours, ...) so that
 machine noise hits both; each configuration reports the median of --runs runs.
 
-Rates compared (tokens per second of the decode phase, prompt excluded):
-  ours      (tokens - 1) / (last token time - first token time): decode + sample + emit, per token
-  upstream  llama-completion's perf counters: n_eval / (eval time + sampling time)
-            (and eval-only, n_eval / eval time, which excludes sampling and favours upstream)
+Rates compared (tokens per second of the generation phase, prompt excluded):
+  end-to-end  ours: (tokens - 1) / (last token time - first token time) as the Python consumer sees it
+              (decode + sample + detokenize + hand-off, per token);
+              upstream: n_eval / (total time - prompt eval time) from llama-completion's perf print,
+              i.e. everything in its loop after the prompt (decode, sampling, printing)
+  eval-only   llama.cpp's own counters on both sides: n_eval / eval time (llama_decode alone); this
+              checks that both builds run the same engine at the same speed
 
 Usage: python bench/plain_decode.py [--model PATH] [--tokens 128] [--runs 5] [--threads 1 2]
 Writes a markdown report to bench/results/ (with this command line) unless --no-save.
@@ -47,15 +50,18 @@ def eog_bias(model: llamaspec.Model) -> dict[int, float]:
     return {i: float("-inf") for i in range(model.n_vocab) if model.is_eog(i)}
 
 
-def run_ours(gen: llamaspec.Generator, n: int, bias: dict[int, float]) -> float:
+def run_ours(gen: llamaspec.Generator, n: int, bias: dict[int, float]) -> tuple[float, float]:
+    gen.context.perf_reset()
     gen.generate(PROMPT, n, temperature=0.0, logit_bias=bias)
     st = gen.last_stats
     assert st is not None and st.tokens == n, st
-    return st.tokens_per_second
+    perf = gen.context.perf()
+    return st.tokens_per_second, perf["eval_runs"] / (perf["eval_ms"] / 1e3)
 
 
 _EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
-_SAMPLING = re.compile(r"sampling time =\s*([\d.]+) ms")
+_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms")
+_TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
 
 
 def run_upstream(binary: Path, model: str, n: int, threads: int, timeout: float) -> tuple[float, float]:
@@ -63,11 +69,12 @@ def run_upstream(binary: Path, model: str, n: int, threads: int, timeout: float)
            "-c", "2048", "--temp", "0", "--ignore-eos", "-no-cnv", "--no-display-prompt", "--perf"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     log = p.stdout + p.stderr
-    m, s = _EVAL.search(log), _SAMPLING.search(log)
-    if p.returncode != 0 or not m or not s:
+    m, pr, tot = _EVAL.search(log), _PROMPT.search(log), _TOTAL.search(log)
+    if p.returncode != 0 or not m or not pr or not tot:
         raise RuntimeError(f"llama-completion failed ({p.returncode}):\n{log[-2000:]}")
-    eval_ms, runs, sample_ms = float(m.group(1)), int(m.group(2)), float(s.group(1))
-    return runs / ((eval_ms + sample_ms) / 1e3), runs / (eval_ms / 1e3)
+    eval_ms, runs = float(m.group(1)), int(m.group(2))
+    gen_ms = float(tot.group(1)) - float(pr.group(1))
+    return runs / (gen_ms / 1e3), runs / (eval_ms / 1e3)
 
 
 def main() -> None:
@@ -89,35 +96,41 @@ def main() -> None:
     bias = eog_bias(model)
     rows = []
     for threads in args.threads:
-        gen = llamaspec.Generator(model, n_ctx=2048, n_threads=threads)
+        gen = llamaspec.Generator(model, n_ctx=2048, n_threads=threads, no_perf=False)
         run_ours(gen, 16, bias)  # warm-up (upstream warms up by itself)
-        ours, up, up_eval = [], [], []
+        ours, ours_eval, up, up_eval = [], [], [], []
         for i in range(args.runs):
-            ours.append(run_ours(gen, args.tokens, bias))
+            a, b = run_ours(gen, args.tokens, bias)
+            ours.append(a)
+            ours_eval.append(b)
             try:
                 a, b = run_upstream(binary, model_path, args.tokens, threads, args.timeout)
                 up.append(a)
                 up_eval.append(b)
             except subprocess.TimeoutExpired:
                 print(f"  threads={threads} run {i}: upstream timed out (stall), run dropped", flush=True)
-            print(f"  threads={threads} run {i}: ours {ours[-1]:7.1f}  upstream {up[-1] if up else 0:7.1f} tok/s",
+            print(f"  threads={threads} run {i}: end-to-end ours {ours[-1]:6.1f} upstream {up[-1] if up else 0:6.1f}"
+                  f" | eval-only ours {ours_eval[-1]:6.1f} upstream {up_eval[-1] if up_eval else 0:6.1f} tok/s",
                   flush=True)
         gen.close()
-        mo, mu, me = statistics.median(ours), statistics.median(up), statistics.median(up_eval)
-        rows.append((threads, mo, mu, me, mo / mu, mo / me, ours, up))
+        med = [statistics.median(x) for x in (ours, up, ours_eval, up_eval)]
+        rows.append((threads, *med, ours, up))
 
     lines = [
         f"model: {model.description} ({Path(model_path).name}), {args.tokens} tokens greedy, "
-        f"median of {args.runs} runs",
+        f"median of {args.runs} runs, runs alternating ours/upstream",
         "",
-        "| threads | ours tok/s | upstream tok/s (eval+sampling) | upstream tok/s (eval only) | ours/upstream | ours/upstream eval-only |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| threads | ours end-to-end tok/s | upstream end-to-end tok/s | **ours/upstream** "
+        "| ours eval-only | upstream eval-only | eval-only ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for threads, mo, mu, me, r1, r2, _, _ in rows:
-        lines.append(f"| {threads} | {mo:.1f} | {mu:.1f} | {me:.1f} | {r1:.3f}x | {r2:.3f}x |")
+    for threads, mo, mu, mo_e, mu_e, _, _ in rows:
+        lines.append(f"| {threads} | {mo:.1f} | {mu:.1f} | **{mo / mu:.3f}x** | {mo_e:.1f} | {mu_e:.1f} | "
+                     f"{mo_e / mu_e:.3f}x |")
     lines.append("")
     for threads, *_, ours, up in rows:
-        lines.append(f"raw, threads={threads}: ours {[round(x, 1) for x in ours]}, upstream {[round(x, 1) for x in up]}")
+        lines.append(f"raw end-to-end, threads={threads}: ours {[round(x, 1) for x in ours]}, "
+                     f"upstream {[round(x, 1) for x in up]}")
     report = "\n".join(lines)
     print()
     print(report)

@@ -123,6 +123,15 @@ class Context:
         """The logits of the last decoded token (a new float32 numpy array of n_vocab)."""
         return self._require().logits()
 
+    def perf(self) -> dict[str, float]:
+        """llama.cpp's own counters for this context: load_ms, prompt_eval_ms, eval_ms,
+        prompt_tokens, eval_runs, graphs_reused. All zero unless created with ``no_perf=False``."""
+        return {k: float(v) for k, v in self._require().perf().items()}
+
+    def perf_reset(self) -> None:
+        """Reset llama.cpp's performance counters."""
+        self._require().perf_reset()
+
     def close(self) -> None:
         """Free the context (once no running generation uses it). Idempotent."""
         self._native = None

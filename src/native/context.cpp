@@ -10,6 +10,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "common.h"  // common
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "errors.h"
 #include "logging.h"
 
@@ -122,11 +124,44 @@ std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const lla
         throw Error(ErrorKind::Generic, "failed to create a llama.cpp context for '" + c->model_->path() + "'" +
                                             (why.empty() ? std::string() : ": " + why));
     }
+    c->attach_threadpools();
     return c;
 }
 
+void Context::attach_threadpools() {
+    // Looked up through the CPU backend's registry, as common does, so that this also works when
+    // the backends are built as loadable modules.
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (cpu == nullptr) return;
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
+    auto * tp_new = (decltype(ggml_threadpool_new) *) ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_new");
+    threadpool_free_ = (decltype(ggml_threadpool_free) *) ggml_backend_reg_get_proc_address(reg, "ggml_threadpool_free");
+    if (tp_new == nullptr || threadpool_free_ == nullptr) return;
+
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(params_.n_threads);
+    ggml_threadpool_params tpp_batch = ggml_threadpool_params_default(params_.n_threads_batch);
+    if (!ggml_threadpool_params_match(&tpp, &tpp_batch)) {
+        threadpool_batch_ = tp_new(&tpp_batch);
+        tpp.paused = true;  // as upstream: the generation pool starts paused when both exist
+    }
+    threadpool_ = tp_new(&tpp);
+    if (threadpool_ == nullptr) {  // fall back to ggml's per-decode pools
+        if (threadpool_batch_ != nullptr) threadpool_free_(threadpool_batch_);
+        threadpool_batch_ = nullptr;
+        return;
+    }
+    llama_attach_threadpool(ctx_, threadpool_, threadpool_batch_);
+}
+
 Context::~Context() {
-    if (ctx_ != nullptr) llama_free(ctx_);
+    if (ctx_ != nullptr) {
+        if (threadpool_ != nullptr) llama_detach_threadpool(ctx_);
+        llama_free(ctx_);
+    }
+    if (threadpool_free_ != nullptr) {
+        if (threadpool_ != nullptr) threadpool_free_(threadpool_);
+        if (threadpool_batch_ != nullptr) threadpool_free_(threadpool_batch_);
+    }
 }
 
 void Context::clear_memory() { llama_memory_clear(llama_get_memory(ctx_), true); }
@@ -200,7 +235,22 @@ void register_context(nb::module_ & m) {
                  return nb::ndarray<nb::numpy, float, nb::ndim<1>>(copy, {n}, owner);
              },
              "The logits of the last decoded token, as a new numpy array.")
-        .def("request_abort", &Context::request_abort, "Make the decode in progress return as aborted.");
+        .def("request_abort", &Context::request_abort, "Make the decode in progress return as aborted.")
+        .def("perf",
+             [](const Context & c) {
+                 const llama_perf_context_data d = llama_perf_context(c.get());
+                 nb::typed<nb::dict, nb::str, nb::any> out;
+                 out["load_ms"] = d.t_load_ms;
+                 out["prompt_eval_ms"] = d.t_p_eval_ms;
+                 out["eval_ms"] = d.t_eval_ms;
+                 out["prompt_tokens"] = d.n_p_eval;
+                 out["eval_runs"] = d.n_eval;
+                 out["graphs_reused"] = d.n_reused;
+                 return out;
+             },
+             "llama.cpp's own performance counters of this context (zeros when created with no_perf).")
+        .def("perf_reset", [](Context & c) { llama_perf_context_reset(c.get()); },
+             "Reset llama.cpp's performance counters.");
 }
 
 }  // namespace llamaspec

@@ -56,10 +56,17 @@ public:
 
 private:
     Context() = default;
+    void attach_threadpools();
+
     std::shared_ptr<Model> model_;
     llama_context * ctx_ = nullptr;
     llama_context_params params_{};
     std::atomic<bool> abort_{false};
+    // Persistent CPU thread pools (as upstream's tools attach): without them ggml creates and joins
+    // a disposable pool, i.e. spawns n_threads - 1 threads, at every decode.
+    ggml_threadpool * threadpool_ = nullptr;
+    ggml_threadpool * threadpool_batch_ = nullptr;
+    void (*threadpool_free_)(ggml_threadpool *) = nullptr;
 };
 
 void register_context(nanobind::module_ & m);
