@@ -16,9 +16,9 @@ from llamaspec import BusyError, Done, Token
 
 from .conftest import proc_threads
 
-pytestmark = pytest.mark.fixture
 
 
+@pytest.mark.fixture
 def test_break_after_three_tokens_200_times(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=256, n_threads=1) as g:
         reference = g.generate("abc", 20, temperature=0)
@@ -37,6 +37,7 @@ def test_break_after_three_tokens_200_times(fx: llamaspec.Model) -> None:
         assert proc_threads() <= threads_before  # no leaked native worker
 
 
+@pytest.mark.fixture
 def test_abandoned_iterator_is_closed_by_gc(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=256, n_threads=1) as g:
         it = g.stream("abc", 200, temperature=0)
@@ -48,6 +49,7 @@ def test_abandoned_iterator_is_closed_by_gc(fx: llamaspec.Model) -> None:
         assert g.generate("abc", 5, temperature=0)
 
 
+@pytest.mark.real_model
 def test_cancel_during_long_prompt(smol: llamaspec.Model) -> None:
     with llamaspec.Generator(smol, n_ctx=2048) as g:
         prompt = smol.tokenize("word " * 1800)
@@ -67,6 +69,7 @@ def test_cancel_during_long_prompt(smol: llamaspec.Model) -> None:
         assert "Paris" in g.generate("The capital of France is", 8, temperature=0)  # reusable at once
 
 
+@pytest.mark.real_model
 def test_ctrl_c_during_blocking_generate(smol: llamaspec.Model) -> None:
     with llamaspec.Generator(smol, n_ctx=2048) as g:
         prompt = smol.tokenize("word " * 1800)
@@ -81,6 +84,7 @@ def test_ctrl_c_during_blocking_generate(smol: llamaspec.Model) -> None:
         assert "Paris" in g.generate("The capital of France is", 8, temperature=0)
 
 
+@pytest.mark.fixture
 def test_concurrent_calls_on_one_generator_raise_busy(fx: llamaspec.Model) -> None:
     results: list[str] = []
     errors: list[BaseException] = []
@@ -103,6 +107,7 @@ def test_concurrent_calls_on_one_generator_raise_busy(fx: llamaspec.Model) -> No
     assert len(set(results)) == 1
 
 
+@pytest.mark.real_model
 def test_shared_model_two_threads_two_generators(smol: llamaspec.Model) -> None:
     prompts = ["The capital of France is", "My favourite fruit is"]
     with llamaspec.Generator(smol, n_threads=1) as g:
@@ -122,6 +127,7 @@ def test_shared_model_two_threads_two_generators(smol: llamaspec.Model) -> None:
     assert out[0] == [expected[0]] * 3 and out[1] == [expected[1]] * 3
 
 
+@pytest.mark.fixture
 def test_async_stream_matches_sync(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=256, n_threads=1) as g:
         expected = g.generate("async", 30, temperature=0)
@@ -136,6 +142,7 @@ def test_async_stream_matches_sync(fx: llamaspec.Model) -> None:
     assert isinstance(events[-1], Done) and events[-1].stats.tokens == 30
 
 
+@pytest.mark.fixture
 def test_async_does_not_block_the_event_loop_and_cancels(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=1024, n_threads=1) as g:
         async def main() -> int:
@@ -167,6 +174,7 @@ def test_async_does_not_block_the_event_loop_and_cancels(fx: llamaspec.Model) ->
         assert len(g.generate("abc", 10, temperature=0)) == 10
 
 
+@pytest.mark.fixture
 def test_close_while_streaming_in_another_thread(fx: llamaspec.Model) -> None:
     g = llamaspec.Generator(fx, n_ctx=2048, n_threads=1)
     got: list[object] = []
@@ -181,3 +189,31 @@ def test_close_while_streaming_in_another_thread(fx: llamaspec.Model) -> None:
     t.join(10)
     assert not t.is_alive()
     assert isinstance(got[-1], Done) and got[-1].stats.finish_reason == "cancelled"
+
+
+@pytest.mark.real_model
+def test_loading_and_generating_release_the_gil(smol_path: str) -> None:
+    ticks = 0
+    stop = threading.Event()
+
+    def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    try:
+        t0 = time.perf_counter()
+        with llamaspec.Model(smol_path, use_mmap=False) as m:  # read the whole file: a long native call
+            load_s = time.perf_counter() - t0
+            ticks_after_load = ticks
+            with llamaspec.Generator(m, n_threads=1) as g:
+                g.generate("word " * 400, 4, temperature=0)
+    finally:
+        stop.set()
+        t.join()
+    # the ticker ran during the load (it would be frozen if the GIL were held)
+    assert ticks_after_load > load_s * 1000 * 0.2, (ticks_after_load, load_s)
+    assert ticks > ticks_after_load

@@ -23,9 +23,9 @@ from llamaspec import (
     UnsupportedModelError,
 )
 
-pytestmark = pytest.mark.fixture
 
 
+@pytest.mark.unit
 def test_hierarchy() -> None:
     for cls in (ModelLoadError, UnsupportedModelError, ContextOverflowError, BusyError, GenerationTimeout,
                 InvalidOptionError, GrammarError, ChatTemplateError, DecodeError, ClosedError):
@@ -39,6 +39,7 @@ def test_hierarchy() -> None:
 
 # -- ModelLoadError: each names the path ------------------------------------------------------------
 
+@pytest.mark.unit
 def test_missing_file(tmp_path: Path) -> None:
     p = tmp_path / "nope.gguf"
     with pytest.raises(ModelLoadError, match="not found") as ei:
@@ -46,12 +47,14 @@ def test_missing_file(tmp_path: Path) -> None:
     assert ei.value.path == str(p) and str(p) in str(ei.value)
 
 
+@pytest.mark.unit
 def test_directory(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="directory") as ei:
         llamaspec.Model(tmp_path)
     assert str(tmp_path) in str(ei.value)
 
 
+@pytest.mark.unit
 def test_not_gguf(tmp_path: Path) -> None:
     p = tmp_path / "model.gguf"
     p.write_bytes(b"PK\x03\x04 definitely a zip file" * 10)
@@ -60,6 +63,7 @@ def test_not_gguf(tmp_path: Path) -> None:
     assert str(p) in str(ei.value)
 
 
+@pytest.mark.fixture
 @pytest.mark.parametrize("keep", [0.02, 0.5, 0.97])
 def test_truncated(tmp_path: Path, fx_info, keep: float) -> None:
     data = Path(fx_info.path).read_bytes()
@@ -71,6 +75,7 @@ def test_truncated(tmp_path: Path, fx_info, keep: float) -> None:
     assert ei.value.path == str(p)
 
 
+@pytest.mark.unit
 def test_empty_file(tmp_path: Path) -> None:
     p = tmp_path / "empty.gguf"
     p.write_bytes(b"")
@@ -80,6 +85,7 @@ def test_empty_file(tmp_path: Path) -> None:
 
 # -- UnsupportedModelError ------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_unknown_architecture(tmp_path: Path) -> None:
     p = tmp_path / "alien.gguf"
     w = gguf.GGUFWriter(str(p), "alien-arch-9000")
@@ -96,6 +102,7 @@ def test_unknown_architecture(tmp_path: Path) -> None:
 
 # -- options --------------------------------------------------------------------------------------
 
+@pytest.mark.fixture
 def test_unknown_context_option_is_type_error(fx: llamaspec.Model) -> None:
     with pytest.raises(TypeError, match="n_ctxx"):
         llamaspec.Generator(fx, n_ctxx=128)
@@ -107,6 +114,7 @@ def test_unknown_context_option_is_type_error(fx: llamaspec.Model) -> None:
      {"flash_attn": "maybe"}, {"n_ubatch": 1024, "n_batch": 512}, {"rope_freq_base": float("nan")},
      {"offload_kqv": 1}, {"attention_type": "sideways"}],
 )
+@pytest.mark.fixture
 def test_invalid_context_option(fx: llamaspec.Model, opts: dict) -> None:
     with pytest.raises(InvalidOptionError):
         llamaspec.Generator(fx, **opts)
@@ -117,12 +125,14 @@ def test_invalid_context_option(fx: llamaspec.Model, opts: dict) -> None:
     [{"temperature": "hot"}, {"top_p": 1.5}, {"min_p": -0.1}, {"seed": -1}, {"repeat_penalty": 0},
      {"stop": [""]}, {"stop": [1]}, {"logit_bias": {5: "x"}}, {"mirostat": 3}, {"penalty_last_n": -2}],
 )
+@pytest.mark.fixture
 def test_invalid_sampling_option(fx: llamaspec.Model, opts: dict) -> None:
     with llamaspec.Generator(fx, n_ctx=128) as g:
         with pytest.raises(InvalidOptionError):
             g.stream("hi", 4, **opts)  # raised at the call, before anything native runs
 
 
+@pytest.mark.fixture
 def test_unknown_sampling_option_is_type_error(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=128) as g, pytest.raises(TypeError, match="temprature"):
         g.generate("hi", 4, temprature=0.0)
@@ -130,12 +140,14 @@ def test_unknown_sampling_option_is_type_error(fx: llamaspec.Model) -> None:
 
 @pytest.mark.parametrize("bad", [{"max_tokens": 0}, {"max_tokens": 2.5}, {"timeout": -1}, {"prompt": []},
                                  {"prompt": [1, "a"]}, {"prompt": b"bytes"}, {"prompt": [10_000]}])
+@pytest.mark.fixture
 def test_invalid_call_arguments(fx: llamaspec.Model, bad: dict) -> None:
     args = {"prompt": "hi", "max_tokens": 4, **bad}
     with llamaspec.Generator(fx, n_ctx=128) as g, pytest.raises(InvalidOptionError):
         g.generate(**args)
 
 
+@pytest.mark.fixture
 def test_invalid_model_options(fx_info) -> None:
     with pytest.raises(InvalidOptionError):
         llamaspec.Model(fx_info.path, split_mode="diagonal")
@@ -143,6 +155,7 @@ def test_invalid_model_options(fx_info) -> None:
         llamaspec.Model(fx_info.path, use_mmap="yes")  # type: ignore[arg-type]
 
 
+@pytest.mark.fixture
 def test_token_out_of_range(fx: llamaspec.Model) -> None:
     with pytest.raises(InvalidOptionError, match="out of range"):
         fx.detokenize([fx.n_vocab])
@@ -152,6 +165,7 @@ def test_token_out_of_range(fx: llamaspec.Model) -> None:
 
 # -- generation errors ----------------------------------------------------------------------------
 
+@pytest.mark.fixture
 def test_context_overflow_before_decoding(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=64) as g:
         n_ctx = g.n_ctx  # llama.cpp may round the requested size up
@@ -161,6 +175,7 @@ def test_context_overflow_before_decoding(fx: llamaspec.Model) -> None:
         assert len(g.generate("x" * 10, max_tokens=30, temperature=0)) > 0  # still usable
 
 
+@pytest.mark.fixture
 def test_grammar_error_names_the_problem(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=128) as g:
         with pytest.raises(GrammarError, match="unexpected end of input") as ei:
@@ -173,11 +188,13 @@ def test_grammar_error_names_the_problem(fx: llamaspec.Model) -> None:
         assert g.generate("hi", 3, temperature=0)  # reusable
 
 
+@pytest.mark.fixture
 def test_chat_template_error(fx: llamaspec.Model) -> None:
     with pytest.raises(ChatTemplateError):
         fx.apply_chat_template([{"role": "user", "content": "hi"}], chat_template="{% for x in %}")
 
 
+@pytest.mark.fixture
 def test_busy_error(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=512, n_threads=1) as g:
         it = g.stream_events("abc", 400)
@@ -188,6 +205,7 @@ def test_busy_error(fx: llamaspec.Model) -> None:
         assert g.generate("abc", 4)  # free again
 
 
+@pytest.mark.fixture
 def test_generation_timeout_stops_native_work(fx: llamaspec.Model) -> None:
     with llamaspec.Generator(fx, n_ctx=512, n_threads=1) as g:
         with pytest.raises(GenerationTimeout) as ei:
@@ -199,6 +217,7 @@ def test_generation_timeout_stops_native_work(fx: llamaspec.Model) -> None:
         assert len(g.generate("abc", 8, temperature=0)) == 8
 
 
+@pytest.mark.real_model
 def test_prefill_timeout(smol: llamaspec.Model) -> None:
     with llamaspec.Generator(smol, n_ctx=2048) as g:
         long_prompt = "word " * 1500
@@ -207,6 +226,7 @@ def test_prefill_timeout(smol: llamaspec.Model) -> None:
         assert g.generate("Hi", 2, temperature=0)
 
 
+@pytest.mark.fixture
 def test_decode_error_carries_code(fx: llamaspec.Model) -> None:
     with llamaspec.Context(fx, n_ctx=64, n_threads=1) as c:
         c.decode([1, 2, 3], 0)
@@ -217,6 +237,7 @@ def test_decode_error_carries_code(fx: llamaspec.Model) -> None:
         c.decode([1, 2, 3], 0)
 
 
+@pytest.mark.fixture
 def test_closed_errors(fx_info) -> None:
     m = llamaspec.Model(fx_info.path)
     g = llamaspec.Generator(m, n_ctx=64, n_threads=1)
@@ -230,6 +251,7 @@ def test_closed_errors(fx_info) -> None:
         g.generate("x", 2)
 
 
+@pytest.mark.fixture
 def test_errors_from_threads_do_not_abort(fx: llamaspec.Model) -> None:
     errors: list[BaseException] = []
 
