@@ -144,9 +144,11 @@ def test_async_stream_matches_sync(fx: llamaspec.Model) -> None:
 
 @pytest.mark.fixture
 def test_async_does_not_block_the_event_loop_and_cancels(fx: llamaspec.Model) -> None:
-    with llamaspec.Generator(fx, n_ctx=1024, n_threads=1) as g:
-        async def main() -> int:
+    with llamaspec.Generator(fx, n_ctx=8192, n_threads=1) as g:
+        async def main() -> tuple[int, int]:
             ticks = 0
+            received = 0
+            started = asyncio.Event()
 
             async def ticker() -> None:
                 nonlocal ticks
@@ -154,33 +156,38 @@ def test_async_does_not_block_the_event_loop_and_cancels(fx: llamaspec.Model) ->
                     await asyncio.sleep(0.001)
                     ticks += 1
 
-            t = asyncio.create_task(ticker())
-
             async def consume() -> None:
-                async for _ in g.astream("abc", 900, temperature=0):
-                    await asyncio.sleep(0)
+                nonlocal received
+                async for _ in g.astream("abc", 8000, temperature=0):
+                    received += 1
+                    if received == 20:
+                        started.set()
 
+            t = asyncio.create_task(ticker())
             task = asyncio.create_task(consume())
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(started.wait(), 30)
+            ticks_at_start = ticks
+            await asyncio.sleep(0.05)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             t.cancel()
-            return ticks
+            return ticks - ticks_at_start, received
 
-        ticks = asyncio.run(main())
-        assert ticks > 20  # the loop kept running while tokens streamed
+        ticks, received = asyncio.run(main())
+        assert ticks >= 5  # the loop kept running while tokens streamed
+        assert 20 <= received < 8000  # cancelled mid-stream
         assert not g.busy
         assert len(g.generate("abc", 10, temperature=0)) == 10
 
 
 @pytest.mark.fixture
 def test_close_while_streaming_in_another_thread(fx: llamaspec.Model) -> None:
-    g = llamaspec.Generator(fx, n_ctx=2048, n_threads=1)
+    g = llamaspec.Generator(fx, n_ctx=8192, n_threads=1)
     got: list[object] = []
 
     def consume() -> None:
-        got.extend(g.stream_events("abc", 2000, temperature=0))
+        got.extend(g.stream_events("abc", 8000, temperature=0))
 
     t = threading.Thread(target=consume)
     t.start()

@@ -207,10 +207,10 @@ def test_busy_error(fx: llamaspec.Model) -> None:
 
 @pytest.mark.fixture
 def test_generation_timeout_stops_native_work(fx: llamaspec.Model) -> None:
-    with llamaspec.Generator(fx, n_ctx=512, n_threads=1) as g:
+    with llamaspec.Generator(fx, n_ctx=8192, n_threads=1) as g:
         with pytest.raises(GenerationTimeout) as ei:
             # every token after the first must come within 1 microsecond: it cannot
-            for _ in g.stream("abc", 400, timeout=1e-6):
+            for _ in g.stream("abc", 8000, timeout=1e-6):
                 pass
         assert isinstance(ei.value, TimeoutError)
         assert not g.busy
