@@ -65,6 +65,7 @@ def main() -> None:
                                 f"prompt {s.prompt_tokens} tok in {s.prefill_time * 1000:.0f} ms  "
                                 f"TTFT {s.time_to_first_token * 1000:.0f} ms  finish: {s.finish_reason}")
             live.update(Group(text, Text(""), status))
+    console.print()
     gen.close()
     model.close()
 
