@@ -44,6 +44,34 @@ def _check_timeout(name: str, v: Any) -> float | None:
     return float(v)
 
 
+class _Pull:
+    """One call's wait policy and event conversion, shared by the sync and async iterators:
+    ``prefill_timeout`` bounds the wait for the first token, ``timeout`` each one after it."""
+
+    def __init__(self, session: _StreamingSession, run: _native.Run, req: _Request) -> None:
+        self._session = session
+        self._run = run
+        self._req = req
+        self._first = True
+
+    @property
+    def wait(self) -> float:
+        """Seconds to wait for the next event (-1: no limit), for Run.next."""
+        w = self._req.prefill_timeout if self._first else self._req.timeout
+        return -1.0 if w is None else w
+
+    def event(self, ev: tuple[Any, ...] | None) -> Event:
+        """Convert what Run.next returned; None (nothing within the wait) stops the run and raises."""
+        if ev is None:
+            self._run.cancel()
+            phase = "prompt phase, prefill_timeout" if self._first else "timeout"
+            raise GenerationTimeout(f"no token within {self.wait} s ({phase}); the generation was stopped")
+        event = self._session._convert(ev)
+        if isinstance(event, Token):
+            self._first = False
+        return event
+
+
 class _StreamingSession:
     _engine: _native.Generator | None
     _model: Model
@@ -112,17 +140,9 @@ class _StreamingSession:
     def _iterate(self, req: _Request) -> Iterator[Event]:
         run = self._start(req)
         try:
-            wait = req.prefill_timeout
+            pull = _Pull(self, run, req)
             while True:
-                ev = run.next(-1.0 if wait is None else wait)
-                if ev is None:
-                    run.cancel()
-                    raise GenerationTimeout(
-                        f"no token within {wait} s ({'prompt phase' if wait is req.prefill_timeout else 'timeout'})"
-                    )
-                event = self._convert(ev)
-                if isinstance(event, Token):
-                    wait = req.timeout
+                event = pull.event(run.next(pull.wait))
                 yield event
                 if isinstance(event, Done):
                     return
@@ -194,15 +214,9 @@ class _StreamingSession:
         loop = asyncio.get_running_loop()
         run = await loop.run_in_executor(None, self._start, req)
         try:
-            wait = req.prefill_timeout
+            pull = _Pull(self, run, req)
             while True:
-                ev = await loop.run_in_executor(None, run.next, -1.0 if wait is None else wait)
-                if ev is None:
-                    run.cancel()
-                    raise GenerationTimeout(f"no token within {wait} s")
-                event = self._convert(ev)
-                if isinstance(event, Token):
-                    wait = req.timeout
+                event = pull.event(await loop.run_in_executor(None, run.next, pull.wait))
                 yield event
                 if isinstance(event, Done):
                     return

@@ -12,6 +12,7 @@
 #include "common.h"  // common
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "dict_util.h"
 #include "errors.h"
 #include "logging.h"
 
@@ -40,13 +41,6 @@ ggml_type cache_type(const std::string & name, const char * option) {
     throw Error(ErrorKind::InvalidOption, std::string(option) + " must be one of " + allowed + ", not '" + name + "'");
 }
 
-template <typename T> bool get(const nb::dict & d, const char * key, T & out) {
-    if (!d.contains(key)) return false;
-    nb::object v = d[key];
-    if (v.is_none()) return false;
-    out = nb::cast<T>(v);
-    return true;
-}
 
 }  // namespace
 
@@ -62,47 +56,47 @@ llama_context_params context_params_from_dict(const nb::dict & o) {
     double f;
     bool b;
     std::string s;
-    if (get(o, "n_ctx", i64)) p.n_ctx = (uint32_t) i64;
-    if (get(o, "n_batch", i64)) p.n_batch = (uint32_t) i64;
-    if (get(o, "n_ubatch", i64)) p.n_ubatch = (uint32_t) i64;
-    if (get(o, "n_seq_max", i64)) p.n_seq_max = (uint32_t) i64;
-    if (get(o, "n_threads", i64)) {
+    if (dict_get(o, "n_ctx", i64)) p.n_ctx = (uint32_t) i64;
+    if (dict_get(o, "n_batch", i64)) p.n_batch = (uint32_t) i64;
+    if (dict_get(o, "n_ubatch", i64)) p.n_ubatch = (uint32_t) i64;
+    if (dict_get(o, "n_seq_max", i64)) p.n_seq_max = (uint32_t) i64;
+    if (dict_get(o, "n_threads", i64)) {
         p.n_threads = (int32_t) i64;
         p.n_threads_batch = (int32_t) i64;
     }
-    if (get(o, "n_threads_batch", i64)) p.n_threads_batch = (int32_t) i64;
-    if (get(o, "type_k", s)) p.type_k = cache_type(s, "type_k");
-    if (get(o, "type_v", s)) p.type_v = cache_type(s, "type_v");
-    if (get(o, "flash_attn", s)) {
+    if (dict_get(o, "n_threads_batch", i64)) p.n_threads_batch = (int32_t) i64;
+    if (dict_get(o, "type_k", s)) p.type_k = cache_type(s, "type_k");
+    if (dict_get(o, "type_v", s)) p.type_v = cache_type(s, "type_v");
+    if (dict_get(o, "flash_attn", s)) {
         p.flash_attn_type = s == "on"  ? LLAMA_FLASH_ATTN_TYPE_ENABLED
                             : s == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
                                          : LLAMA_FLASH_ATTN_TYPE_AUTO;
     }
-    if (get(o, "offload_kqv", b)) p.offload_kqv = b;
-    if (get(o, "op_offload", b)) p.op_offload = b;
-    if (get(o, "no_perf", b)) p.no_perf = b;
-    if (get(o, "swa_full", b)) p.swa_full = b;
-    if (get(o, "embeddings", b)) p.embeddings = b;
-    if (get(o, "kv_unified", b)) p.kv_unified = b;
-    if (get(o, "rope_scaling_type", s)) {
+    if (dict_get(o, "offload_kqv", b)) p.offload_kqv = b;
+    if (dict_get(o, "op_offload", b)) p.op_offload = b;
+    if (dict_get(o, "no_perf", b)) p.no_perf = b;
+    if (dict_get(o, "swa_full", b)) p.swa_full = b;
+    if (dict_get(o, "embeddings", b)) p.embeddings = b;
+    if (dict_get(o, "kv_unified", b)) p.kv_unified = b;
+    if (dict_get(o, "rope_scaling_type", s)) {
         p.rope_scaling_type = s == "none"       ? LLAMA_ROPE_SCALING_TYPE_NONE
                               : s == "linear"   ? LLAMA_ROPE_SCALING_TYPE_LINEAR
                               : s == "yarn"     ? LLAMA_ROPE_SCALING_TYPE_YARN
                               : s == "longrope" ? LLAMA_ROPE_SCALING_TYPE_LONGROPE
                                                 : LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED;
     }
-    if (get(o, "attention_type", s)) {
+    if (dict_get(o, "attention_type", s)) {
         p.attention_type = s == "causal"       ? LLAMA_ATTENTION_TYPE_CAUSAL
                            : s == "non_causal" ? LLAMA_ATTENTION_TYPE_NON_CAUSAL
                                                : LLAMA_ATTENTION_TYPE_UNSPECIFIED;
     }
-    if (get(o, "rope_freq_base", f)) p.rope_freq_base = (float) f;
-    if (get(o, "rope_freq_scale", f)) p.rope_freq_scale = (float) f;
-    if (get(o, "yarn_ext_factor", f)) p.yarn_ext_factor = (float) f;
-    if (get(o, "yarn_attn_factor", f)) p.yarn_attn_factor = (float) f;
-    if (get(o, "yarn_beta_fast", f)) p.yarn_beta_fast = (float) f;
-    if (get(o, "yarn_beta_slow", f)) p.yarn_beta_slow = (float) f;
-    if (get(o, "yarn_orig_ctx", i64)) p.yarn_orig_ctx = (uint32_t) i64;
+    if (dict_get(o, "rope_freq_base", f)) p.rope_freq_base = (float) f;
+    if (dict_get(o, "rope_freq_scale", f)) p.rope_freq_scale = (float) f;
+    if (dict_get(o, "yarn_ext_factor", f)) p.yarn_ext_factor = (float) f;
+    if (dict_get(o, "yarn_attn_factor", f)) p.yarn_attn_factor = (float) f;
+    if (dict_get(o, "yarn_beta_fast", f)) p.yarn_beta_fast = (float) f;
+    if (dict_get(o, "yarn_beta_slow", f)) p.yarn_beta_slow = (float) f;
+    if (dict_get(o, "yarn_orig_ctx", i64)) p.yarn_orig_ctx = (uint32_t) i64;
     if (p.n_ubatch > p.n_batch) p.n_ubatch = p.n_batch;
     return p;
 }

@@ -7,6 +7,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "dict_util.h"
 #include "logging.h"
 
 namespace nb = nanobind;
@@ -16,14 +17,6 @@ namespace llamaspec {
 namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-template <typename T> bool get(const nb::dict & d, const char * key, T & out) {
-    if (!d.contains(key)) return false;
-    nb::object v = d[key];
-    if (v.is_none()) return false;
-    out = nb::cast<T>(v);
-    return true;
-}
 
 }  // namespace
 
@@ -35,27 +28,27 @@ common_params_sampling sampling_params_from_dict(const nb::dict & o) {
     double f;
     int64_t i;
     std::string s;
-    if (get(o, "temperature", f)) p.temp = (float) f;
-    if (get(o, "top_k", i)) p.top_k = (int32_t) i;
-    if (get(o, "top_p", f)) p.top_p = (float) f;
-    if (get(o, "min_p", f)) p.min_p = (float) f;
-    if (get(o, "typical_p", f)) p.typ_p = (float) f;
-    if (get(o, "min_keep", i)) p.min_keep = (int32_t) i;
-    if (get(o, "seed", i)) p.seed = (uint32_t) i;
-    if (get(o, "repeat_penalty", f)) p.penalty_repeat = (float) f;
-    if (get(o, "frequency_penalty", f)) p.penalty_freq = (float) f;
-    if (get(o, "presence_penalty", f)) p.penalty_present = (float) f;
-    if (get(o, "penalty_last_n", i)) p.penalty_last_n = (int32_t) i;
-    if (get(o, "dry_multiplier", f)) p.dry_multiplier = (float) f;
-    if (get(o, "dry_base", f)) p.dry_base = (float) f;
-    if (get(o, "dry_allowed_length", i)) p.dry_allowed_length = (int32_t) i;
-    if (get(o, "dry_penalty_last_n", i)) p.dry_penalty_last_n = (int32_t) i;
-    if (get(o, "xtc_probability", f)) p.xtc_probability = (float) f;
-    if (get(o, "xtc_threshold", f)) p.xtc_threshold = (float) f;
-    if (get(o, "mirostat", i)) p.mirostat = (int32_t) i;
-    if (get(o, "mirostat_tau", f)) p.mirostat_tau = (float) f;
-    if (get(o, "mirostat_eta", f)) p.mirostat_eta = (float) f;
-    if (get(o, "grammar", s) && !s.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, s);
+    if (dict_get(o, "temperature", f)) p.temp = (float) f;
+    if (dict_get(o, "top_k", i)) p.top_k = (int32_t) i;
+    if (dict_get(o, "top_p", f)) p.top_p = (float) f;
+    if (dict_get(o, "min_p", f)) p.min_p = (float) f;
+    if (dict_get(o, "typical_p", f)) p.typ_p = (float) f;
+    if (dict_get(o, "min_keep", i)) p.min_keep = (int32_t) i;
+    if (dict_get(o, "seed", i)) p.seed = (uint32_t) i;
+    if (dict_get(o, "repeat_penalty", f)) p.penalty_repeat = (float) f;
+    if (dict_get(o, "frequency_penalty", f)) p.penalty_freq = (float) f;
+    if (dict_get(o, "presence_penalty", f)) p.penalty_present = (float) f;
+    if (dict_get(o, "penalty_last_n", i)) p.penalty_last_n = (int32_t) i;
+    if (dict_get(o, "dry_multiplier", f)) p.dry_multiplier = (float) f;
+    if (dict_get(o, "dry_base", f)) p.dry_base = (float) f;
+    if (dict_get(o, "dry_allowed_length", i)) p.dry_allowed_length = (int32_t) i;
+    if (dict_get(o, "dry_penalty_last_n", i)) p.dry_penalty_last_n = (int32_t) i;
+    if (dict_get(o, "xtc_probability", f)) p.xtc_probability = (float) f;
+    if (dict_get(o, "xtc_threshold", f)) p.xtc_threshold = (float) f;
+    if (dict_get(o, "mirostat", i)) p.mirostat = (int32_t) i;
+    if (dict_get(o, "mirostat_tau", f)) p.mirostat_tau = (float) f;
+    if (dict_get(o, "mirostat_eta", f)) p.mirostat_eta = (float) f;
+    if (dict_get(o, "grammar", s) && !s.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, s);
     if (o.contains("logit_bias") && !o["logit_bias"].is_none()) {
         for (nb::handle item : nb::iter(o["logit_bias"])) {
             nb::tuple t = nb::cast<nb::tuple>(item);
