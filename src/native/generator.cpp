@@ -14,9 +14,9 @@ namespace nb = nanobind;
 
 namespace llamaspec {
 
-namespace {
-
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+namespace {
 
 }  // namespace
 
@@ -185,23 +185,27 @@ void TokenEmitter::abandon() { push_deferred(); }
 // ---------------------------------------------------------------------------------------------------
 // Generator and Run
 
-std::shared_ptr<Run> Generator::start(GenRequest req) {
-    const Model & model = *ctx_->model();
+void validate_request(const GenRequest & req, const Context & ctx) {
+    const Model & model = *ctx.model();
     if (req.prompt.empty()) throw Error(ErrorKind::InvalidOption, "the prompt is empty");
     for (llama_token t : req.prompt) model.check_token(t);
     if (req.max_tokens < 1) throw Error(ErrorKind::InvalidOption, "max_tokens must be >= 1");
     const size_t need = req.prompt.size() + (size_t) req.max_tokens;
-    if (need > ctx_->n_ctx()) {
+    if (need > ctx.n_ctx()) {
         throw Error(ErrorKind::ContextOverflow, "prompt (" + std::to_string(req.prompt.size()) + " tokens) + max_tokens (" +
                                                     std::to_string(req.max_tokens) + ") = " + std::to_string(need) +
-                                                    " exceeds the context size n_ctx=" + std::to_string(ctx_->n_ctx()));
+                                                    " exceeds the context size n_ctx=" + std::to_string(ctx.n_ctx()));
     }
+}
+
+std::shared_ptr<Run> Generator::start(GenRequest req) {
+    validate_request(req, *ctx_);
     if (busy_->exchange(true)) {
         throw Error(ErrorKind::Busy, "a generation is already running on this Generator (one at a time)");
     }
     try {
-        common_sampler_ptr smpl = make_sampler(model, req.sampling, req.grammar_root);
-        auto run = std::make_shared<Run>(ctx_, busy_, std::move(req), std::move(smpl));
+        common_sampler_ptr smpl = make_sampler(*ctx_->model(), req.sampling, req.grammar_root);
+        auto run = std::make_shared<PlainRun>(ctx_, busy_, std::move(req), std::move(smpl));
         run->launch();
         return run;
     } catch (...) {
@@ -213,12 +217,16 @@ std::shared_ptr<Run> Generator::start(GenRequest req) {
 Run::Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, GenRequest req, common_sampler_ptr smpl)
     : ctx_(std::move(ctx)), busy_(std::move(busy)), req_(std::move(req)), smpl_(std::move(smpl)) {}
 
+// A subclass's parts are destroyed before this runs, so every subclass's destructor calls close()
+// itself; this one is only the last guard.
 Run::~Run() { close(); }
 
 void Run::launch() {
     t_start_ = Clock::now();
+    stats_.prompt_tokens = (int32_t) req_.prompt.size();
+    stats_.seed = common_sampler_get_seed(smpl_.get());
     ctx_->clear_abort();
-    worker_ = std::thread([this] { work(); });
+    worker_ = std::thread([this] { guarded_work(); });
 }
 
 void Run::cancel() {
@@ -236,90 +244,98 @@ void Run::close() {
     busy_->store(false);
 }
 
-void Run::finish(GenStats & stats, const char * reason) {
+void Run::finish(GenStats & stats, const char * reason, std::vector<std::pair<std::string, double>> extra) {
     stats.finish_reason = reason;
     stats.total_s = seconds(Clock::now() - t_start_);
-    Event done{Event::Done, -1, {}, stats, std::nullopt};
-    queue_.push(std::move(done));
+    queue_.push(Event{Event::Done, -1, {}, stats, std::nullopt, std::move(extra)});
 }
 
-void Run::work() {
+void Run::guarded_work() {
+    try {
+        work();
+    } catch (const Error & e) {
+        queue_.push(Event{Event::Failure, -1, {}, stats_, e});
+    } catch (const std::exception & e) {
+        queue_.push(Event{Event::Failure, -1, {}, stats_, Error(ErrorKind::Generic, e.what())});
+    }
+}
+
+namespace {
+// Frees a llama_batch on every path out of a scope.
+struct BatchGuard {
+    llama_batch batch;
+    explicit BatchGuard(int32_t n) : batch(llama_batch_init(n, 0, 1)) {}
+    ~BatchGuard() { llama_batch_free(batch); }
+};
+}  // namespace
+
+void PlainRun::work() {
     Context & c = *ctx_;
     llama_context * lctx = c.get();
     const llama_vocab * vocab = c.model()->vocab();
-    GenStats stats;
-    stats.prompt_tokens = (int32_t) req_.prompt.size();
-    stats.seed = common_sampler_get_seed(smpl_.get());
+    GenStats & stats = stats_;
     TokenEmitter emitter(vocab, queue_, req_.stop);
-    llama_batch batch = llama_batch_init(1, 0, 1);
-    try {
-        c.clear_memory();
-        const Clock::time_point t_prefill = Clock::now();
-        int rc = c.decode(req_.prompt.data(), req_.prompt.size(), 0);
-        stats.prefill_s = seconds(Clock::now() - t_prefill);
-        if (rc == 2 || cancel_.load()) {
-            llama_batch_free(batch);
-            finish(stats, "cancelled");
-            return;
+    BatchGuard guard(1);
+    llama_batch & batch = guard.batch;
+
+    c.clear_memory();
+    const Clock::time_point t_prefill = Clock::now();
+    int rc = c.decode(req_.prompt.data(), req_.prompt.size(), 0);
+    stats.prefill_s = seconds(Clock::now() - t_prefill);
+    if (rc == 2 || cancelled()) {
+        finish(stats, "cancelled");
+        return;
+    }
+    if (rc != 0) {
+        throw Error::with_code(ErrorKind::Decode, "prompt decode failed: llama_decode returned " + std::to_string(rc), rc);
+    }
+    for (llama_token t : req_.prompt) common_sampler_accept(smpl_.get(), t, false);
+
+    llama_pos pos = (llama_pos) req_.prompt.size();
+    Clock::time_point t_first{}, t_last{};
+    const char * reason = "length";
+    while (true) {
+        const llama_token id = common_sampler_sample(smpl_.get(), lctx, -1);
+        common_sampler_accept(smpl_.get(), id, true);
+        if (llama_vocab_is_eog(vocab, id)) {
+            emitter.end_of_generation();
+            queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
+            reason = "stop";
+            break;
+        }
+        ++stats.tokens;
+        const bool last = stats.tokens == req_.max_tokens;
+        const bool stopped = emitter.token(id, last);
+        t_last = Clock::now();
+        if (stats.tokens == 1) {
+            t_first = t_last;
+            stats.ttft_s = seconds(t_first - t_start_);
+        }
+        if (stopped) {
+            reason = "stop";
+            break;
+        }
+        if (last) break;
+        if (cancelled()) {
+            emitter.abandon();
+            reason = "cancelled";
+            break;
+        }
+        batch.n_tokens = 0;
+        batch_add(batch, id, pos++, true);
+        rc = llama_decode(lctx, batch);
+        if (rc == 2) {
+            emitter.abandon();
+            reason = "cancelled";
+            break;
         }
         if (rc != 0) {
-            throw Error::with_code(ErrorKind::Decode, "prompt decode failed: llama_decode returned " + std::to_string(rc), rc);
+            emitter.abandon();
+            throw Error::with_code(ErrorKind::Decode, "decode failed: llama_decode returned " + std::to_string(rc), rc);
         }
-        for (llama_token t : req_.prompt) common_sampler_accept(smpl_.get(), t, false);
-
-        llama_pos pos = (llama_pos) req_.prompt.size();
-        Clock::time_point t_first{}, t_last{};
-        const char * reason = "length";
-        while (true) {
-            const llama_token id = common_sampler_sample(smpl_.get(), lctx, -1);
-            common_sampler_accept(smpl_.get(), id, true);
-            if (llama_vocab_is_eog(vocab, id)) {
-                emitter.end_of_generation();
-                queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
-                reason = "stop";
-                break;
-            }
-            ++stats.tokens;
-            const bool last = stats.tokens == req_.max_tokens;
-            const bool stopped = emitter.token(id, last);
-            t_last = Clock::now();
-            if (stats.tokens == 1) {
-                t_first = t_last;
-                stats.ttft_s = seconds(t_first - t_start_);
-            }
-            if (stopped) {
-                reason = "stop";
-                break;
-            }
-            if (last) break;
-            if (cancel_.load()) {
-                emitter.abandon();
-                reason = "cancelled";
-                break;
-            }
-            batch.n_tokens = 0;
-            batch_add(batch, id, pos++, true);
-            rc = llama_decode(lctx, batch);
-            if (rc == 2) {
-                emitter.abandon();
-                reason = "cancelled";
-                break;
-            }
-            if (rc != 0) {
-                emitter.abandon();
-                throw Error::with_code(ErrorKind::Decode, "decode failed: llama_decode returned " + std::to_string(rc), rc);
-            }
-        }
-        stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0;
-        llama_batch_free(batch);
-        finish(stats, reason);
-    } catch (const Error & e) {
-        llama_batch_free(batch);
-        queue_.push(Event{Event::Failure, -1, {}, stats, e});
-    } catch (const std::exception & e) {
-        llama_batch_free(batch);
-        queue_.push(Event{Event::Failure, -1, {}, stats, Error(ErrorKind::Generic, e.what())});
     }
+    stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0;
+    finish(stats, reason);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -365,8 +381,11 @@ void register_generator(nb::module_ & m) {
                                  return nb::make_tuple(0, ev->id, nb::str(ev->text.data(), ev->text.size()));
                              case Event::EndOfGeneration:
                                  return nb::make_tuple(1, ev->id);
-                             case Event::Done:
-                                 return nb::make_tuple(2, stats_to_dict(ev->stats));
+                             case Event::Done: {
+                                 auto d = stats_to_dict(ev->stats);
+                                 for (const auto & kv : ev->extra) d[nb::str(kv.first.c_str())] = kv.second;
+                                 return nb::make_tuple(2, d);
+                             }
                              case Event::Failure:
                                  throw *ev->error;
                          }

@@ -51,6 +51,8 @@ struct Event {
     std::string text;
     GenStats stats;
     std::optional<Error> error;
+    // Done of a speculative run: the call's speculative counts (name -> value).
+    std::vector<std::pair<std::string, double>> extra = {};
 };
 
 // A blocking FIFO between the worker (push) and the consumer (pop with a timeout).
@@ -111,6 +113,7 @@ private:
 };
 
 class Run;
+class PlainRun;
 
 // The engine behind llamaspec.Generator: owns a Context and allows one Run at a time.
 class Generator {
@@ -128,12 +131,13 @@ private:
 };
 
 // One generation call. Ownership: holds the Context (so the llama_context outlives the worker) and the
-// Generator's busy flag, which it clears on close(). The consumer must call close() (the Python face
-// does in every exit path); the destructor closes too.
+// engine's busy flag, which it clears on close(). The consumer must call close() (the Python face
+// does in every exit path); the destructor closes too. Subclasses implement work(): the loop that
+// runs on the worker thread and pushes events (PlainRun here, SpecRun in speculative.cpp).
 class Run {
 public:
     Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, GenRequest req, common_sampler_ptr smpl);
-    ~Run();
+    virtual ~Run();
     Run(const Run &) = delete;
     Run & operator=(const Run &) = delete;
 
@@ -141,26 +145,49 @@ public:
     // Next event, or nullopt after `timeout` (negative: wait forever).
     std::optional<Event> next(std::chrono::microseconds timeout) { return queue_.pop(timeout); }
     // Asks the worker to stop at the next step, or at the next graph node inside a decode.
-    void cancel();
-    // cancel() + join the worker + release the Generator. Idempotent. Call without the GIL.
+    virtual void cancel();
+    // cancel() + join the worker + release the engine. Idempotent. Call without the GIL.
     void close();
     bool closed() const { return closed_; }
 
-private:
-    void work();
-    void finish(GenStats & stats, const char * reason);
+protected:
+    virtual void work() = 0;
+    // Pushes Done with the call's stats (and a subclass's extra figures).
+    void finish(GenStats & stats, const char * reason, std::vector<std::pair<std::string, double>> extra = {});
+    bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+    // Runs work() and turns an exception into a Failure event.
+    void guarded_work();
 
     std::shared_ptr<Context> ctx_;
     std::shared_ptr<std::atomic<bool>> busy_;
     GenRequest req_;
     common_sampler_ptr smpl_;
     EventQueue queue_;
+    Clock::time_point t_start_;
+    GenStats stats_;
+
+private:
     std::thread worker_;
     std::atomic<bool> cancel_{false};
     std::mutex close_mutex_;
     bool closed_ = false;
-    Clock::time_point t_start_;
 };
+
+// The plain loop: prefill, then sample / emit / decode one token at a time.
+class PlainRun final : public Run {
+public:
+    using Run::Run;
+    ~PlainRun() override { close(); }  // join before this object's parts go (see ~Run)
+
+protected:
+    void work() override;
+};
+
+// Checks a request against a context (prompt ids, max_tokens, n_ctx); throws InvalidOption /
+// ContextOverflow before anything is decoded.
+void validate_request(const GenRequest & req, const Context & ctx);
+
+double seconds(Clock::duration d);
 
 void register_generator(nanobind::module_ & m);
 
