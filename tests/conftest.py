@@ -93,3 +93,13 @@ def proc_threads() -> int:
             if line.startswith("Threads:"):
                 return int(line.split()[1])
     raise RuntimeError("no Threads line in /proc/self/status")
+
+
+@pytest.fixture(scope="session")
+def fx_mtp_levels(fixture_dir: Path) -> dict[str, FixtureInfo]:
+    """MTP fixtures built for 100%, ~74% (n_draft 3) and 0% acceptance."""
+    return {
+        "100": write_qwen35_fixture(fixture_dir / "mtp-100.gguf", mtp_wrong_fraction=0.0),
+        "74": write_qwen35_fixture(fixture_dir / "mtp-74.gguf", mtp_wrong_fraction=0.14),
+        "0": write_qwen35_fixture(fixture_dir / "mtp-0.gguf", mtp_wrong_fraction=1.0),
+    }

@@ -24,6 +24,7 @@ from .errors import (
 from .events import Done, EndOfGeneration, Event, GenerationStats, Token
 from .generator import Generator
 from .model import Model
+from .speculative import MTP, SpecStats
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,8 @@ __all__ = [
     "Model",
     "Context",
     "Generator",
+    "MTP",
+    "SpecStats",
     "Token",
     "EndOfGeneration",
     "Done",

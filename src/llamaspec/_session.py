@@ -73,7 +73,7 @@ class _Pull:
 
 
 class _StreamingSession:
-    _engine: _native.Generator | None
+    _engine: _native.Generator | _native.SpecSession | None
     _model: Model
 
     def _init_session(self) -> None:

@@ -44,6 +44,9 @@ class GenerationStats:
         finish_reason: "stop" (end-of-generation or a stop string), "length" (max_tokens) or
             "cancelled".
         seed: the sampler seed used (random unless given).
+        iterations: verify passes of the target (speculative sessions; 0 for plain generation).
+        drafts_generated: draft tokens proposed in this call (speculative sessions).
+        drafts_accepted: draft tokens accepted in this call (speculative sessions).
     """
 
     prompt_tokens: int
@@ -55,9 +58,20 @@ class GenerationStats:
     tokens_per_second: float
     finish_reason: FinishReason
     seed: int
+    iterations: int = 0
+    drafts_generated: int = 0
+    drafts_accepted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """drafts_accepted / drafts_generated of this call (0.0 when nothing was drafted)."""
+        return self.drafts_accepted / self.drafts_generated if self.drafts_generated else 0.0
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> GenerationStats:
+        for k in ("iterations", "drafts_generated", "drafts_accepted"):
+            if k in d:
+                d[k] = int(d[k])
         return cls(**d)
 
 

@@ -75,6 +75,49 @@ class FixtureInfo:
     mtp_wrong: list[int] = field(repr=False)  # cycle tokens whose MTP draft is redirected
     mtp_wrong_fraction: float = 0.0
 
+    def simulate_mtp(self, prompt: list[int], n_draft: int, max_tokens: int) -> tuple[int, int, int]:
+        """Predict an MTP run on this fixture from its construction, without running the model.
+
+        Replays the drafting loop: the head reads onehot(previous token) and drafts by ``eh_proj``'s
+        mapping (redirected one step further for the "wrong" tokens); the target accepts the leading
+        drafts that equal the greedy continuation.
+
+        Args:
+            prompt: the prompt's token ids (at least 2).
+            n_draft: the session's draft length.
+            max_tokens: the call's max_tokens (drafts are capped by the tokens still wanted).
+
+        Returns:
+            (iterations, drafts_generated, drafts_accepted).
+        """
+        if not self.mtp:
+            raise ValueError("this fixture has no MTP head")
+        wrong = set(self.mtp_wrong)
+        nxt = self.next_map
+        prev, last = prompt[-2], prompt[-1]
+        emitted = iterations = drafted = accepted = 0
+        while emitted < max_tokens:
+            k = max(0, min(n_draft, max_tokens - emitted - 1))
+            drafts, h = [], prev
+            for _ in range(k):
+                row = nxt[nxt[h]] if h in wrong else nxt[h]
+                drafts.append(nxt[row])
+                h = row
+            a, cur = 0, last
+            for d in drafts:
+                if d != nxt[cur]:
+                    break
+                a, cur = a + 1, d
+            iterations += 1
+            drafted += len(drafts)
+            accepted += a
+            out = [last]
+            for _ in range(a + 1):
+                out.append(nxt[out[-1]])
+            emitted += a + 1
+            prev, last = out[-2], out[-1]
+        return iterations, drafted, accepted
+
     def greedy(self, last_token: int, n: int) -> list[int]:
         """The greedy continuation of a prompt that ends with ``last_token``."""
         out, x = [], last_token

@@ -101,15 +101,33 @@ llama_context_params context_params_from_dict(const nb::dict & o) {
     return p;
 }
 
-std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const llama_context_params & params) {
+std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const llama_context_params & params,
+                                         std::shared_ptr<Context> other) {
     if (model->vocab_only()) {
         throw Error(ErrorKind::InvalidOption,
                     "model '" + model->path() + "' was loaded with vocab_only=True and cannot run a context");
+    }
+    if (params.ctx_type == LLAMA_CONTEXT_TYPE_MTP) {
+        // llama.cpp aborts the process (GGML_ASSERT) when the MTP graph misses its weights: check first.
+        if (llama_model_n_layer_nextn(model->get()) <= 0) {
+            throw Error(ErrorKind::UnsupportedModel,
+                        "'" + model->path() + "' has no MTP layers (its nextn_predict_layers metadata is 0 or absent), "
+                        "so it cannot draft for itself with MTP", 0, false, model->path());
+        }
+        if (!model->mtp_loaded()) {
+            throw Error(ErrorKind::UnsupportedModel,
+                        "'" + model->path() + "' was loaded with load_mtp=False: its MTP layers were skipped; "
+                        "load it with load_mtp=True to use MTP", 0, false, model->path());
+        }
     }
     std::shared_ptr<Context> c(new Context());
     c->params_ = params;
     c->params_.abort_callback = abort_callback;
     c->params_.abort_callback_data = &c->abort_;
+    if (other) {
+        c->params_.ctx_other = other->get();
+        c->other_ = other;
+    }
     c->model_ = std::move(model);
     LogCapture capture;
     c->ctx_ = llama_init_from_model(c->model_->get(), c->params_);
@@ -123,6 +141,12 @@ std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const lla
 }
 
 void Context::attach_threadpools() {
+    if (other_ && other_->threadpool_ != nullptr && params_.n_threads == other_->params_.n_threads &&
+        params_.n_threads_batch == other_->params_.n_threads_batch) {
+        llama_attach_threadpool(ctx_, other_->threadpool_, other_->threadpool_batch_);
+        shares_threadpools_ = true;
+        return;
+    }
     // Looked up through the CPU backend's registry, as common does, so that this also works when
     // the backends are built as loadable modules.
     ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
@@ -149,7 +173,7 @@ void Context::attach_threadpools() {
 
 Context::~Context() {
     if (ctx_ != nullptr) {
-        if (threadpool_ != nullptr) llama_detach_threadpool(ctx_);
+        if (threadpool_ != nullptr || shares_threadpools_) llama_detach_threadpool(ctx_);
         llama_free(ctx_);
     }
     if (threadpool_free_ != nullptr) {

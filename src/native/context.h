@@ -31,8 +31,12 @@ llama_context_params context_params_from_dict(const nanobind::dict & options);
 // in its destructor. Not thread-safe: one thread decodes at a time (Generator enforces this).
 class Context {
 public:
-    // Creates the llama_context; throws Error. Call without the GIL.
-    static std::shared_ptr<Context> create(std::shared_ptr<Model> model, const llama_context_params & params);
+    // Creates the llama_context; throws Error. Call without the GIL. With `other`, the new context is
+    // built against it (llama_context_params.ctx_other: an MTP draft context reads the target's
+    // hidden rows), keeps it alive, and shares its CPU thread pools (the two never compute at once:
+    // one worker thread drives both).
+    static std::shared_ptr<Context> create(std::shared_ptr<Model> model, const llama_context_params & params,
+                                           std::shared_ptr<Context> other = nullptr);
     ~Context();
     Context(const Context &) = delete;
     Context & operator=(const Context &) = delete;
@@ -59,6 +63,7 @@ private:
     void attach_threadpools();
 
     std::shared_ptr<Model> model_;
+    std::shared_ptr<Context> other_;  // freed after this context (declared first, destroyed last)
     llama_context * ctx_ = nullptr;
     llama_context_params params_{};
     std::atomic<bool> abort_{false};
@@ -67,6 +72,7 @@ private:
     ggml_threadpool * threadpool_ = nullptr;
     ggml_threadpool * threadpool_batch_ = nullptr;
     void (*threadpool_free_)(ggml_threadpool *) = nullptr;
+    bool shares_threadpools_ = false;  // attached to other_'s pools (not ours to free)
 };
 
 void register_context(nanobind::module_ & m);

@@ -10,6 +10,7 @@ namespace llamaspec {
 void register_model(nanobind::module_ & m);
 void register_context(nanobind::module_ & m);
 void register_generator(nanobind::module_ & m);
+void register_speculative(nanobind::module_ & m);
 }  // namespace llamaspec
 
 namespace nb = nanobind;
@@ -27,6 +28,7 @@ NB_MODULE(_native, m) {
     llamaspec::register_model(m);
     llamaspec::register_context(m);
     llamaspec::register_generator(m);
+    llamaspec::register_speculative(m);
 
     m.def("system_info", [] { return std::string(llama_print_system_info()); },
           "llama.cpp's description of the compiled CPU features and backends.");
