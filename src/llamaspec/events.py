@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
-__all__ = ["Token", "EndOfGeneration", "Done", "GenerationStats", "Event", "FinishReason"]
+if TYPE_CHECKING:
+    from .speculative import SpecStats
+
+__all__ = ["Token", "EndOfGeneration", "Done", "Stats", "GenerationStats", "Event", "FinishReason"]
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -82,4 +85,12 @@ class Done:
     stats: GenerationStats
 
 
-Event = Union[Token, EndOfGeneration, Done]
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of a speculative session's cumulative statistics, streamed every
+    ``emit_stats_every`` tokens when asked for (MTP.stream_events)."""
+
+    snapshot: SpecStats
+
+
+Event = Union[Token, EndOfGeneration, Done, Stats]

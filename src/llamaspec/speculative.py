@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -10,9 +11,10 @@ from typing import Any
 from . import _native
 from ._log import sync_log_level
 from ._options import context_options
-from ._session import _StreamingSession
+from ._session import Prompt, _StreamingSession
 from .context import Context
 from .errors import InvalidOptionError, UnsupportedModelError
+from .events import Event, Stats, Token
 from .model import Model
 
 __all__ = ["MTP", "SpecStats"]
@@ -154,6 +156,56 @@ class MTP(_StreamingSession):
         """Context size in tokens."""
         return self._target.n_ctx
 
+    # -- streaming with periodic statistics ---------------------------------------------------------
+
+    def stream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
+                      prefill_timeout: float | None = None, emit_stats_every: int = 0,
+                      **sampling: Any) -> Iterator[Event]:
+        """Generate speculatively, yielding Token events (and Stats every ``emit_stats_every``
+        tokens when > 0), then EndOfGeneration (if the model stopped), then Done.
+
+        Arguments, errors and semantics are Generator.stream_events'; ``emit_stats_every`` is an
+        int >= 0. Done.stats carries the call's iterations, drafts_generated and drafts_accepted.
+        """
+        every = _check_every(emit_stats_every)
+        events = super().stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        return events if every == 0 else self._with_stats(events, every)
+
+    def _with_stats(self, events: Iterator[Event], every: int) -> Iterator[Event]:
+        n = 0
+        try:
+            for ev in events:
+                yield ev
+                if isinstance(ev, Token):
+                    n += 1
+                    if n % every == 0:
+                        yield Stats(self.stats())
+        finally:
+            events.close()  # type: ignore[attr-defined]
+
+    def stream(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
+               prefill_timeout: float | None = None, emit_stats_every: int = 0, **sampling: Any) -> Iterator[str]:
+        """Generate speculatively, yielding text pieces (Stats events are not part of the text)."""
+        _check_every(emit_stats_every)
+        return super().stream(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+
+    async def astream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
+                             prefill_timeout: float | None = None, emit_stats_every: int = 0,
+                             **sampling: Any) -> AsyncIterator[Event]:
+        """Async form of stream_events (never blocks the event loop)."""
+        every = _check_every(emit_stats_every)
+        agen = super().astream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        n = 0
+        try:
+            async for ev in agen:
+                yield ev
+                if every and isinstance(ev, Token):
+                    n += 1
+                    if n % every == 0:
+                        yield Stats(self.stats())
+        finally:
+            await agen.aclose()  # type: ignore[attr-defined]
+
     def stats(self) -> SpecStats:
         """Cumulative statistics; readable from any thread, also mid-stream, without blocking it."""
         return SpecStats._from_native(self._native.stats())
@@ -183,3 +235,9 @@ class MTP(_StreamingSession):
 
     def __repr__(self) -> str:
         return f"<llamaspec.MTP n_draft={self._n_draft} model={self._model!r}>"
+
+
+def _check_every(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InvalidOptionError(f"emit_stats_every must be an int >= 0, got {v!r}")
+    return v

@@ -1,0 +1,165 @@
+"""MTP speed on the 86 MB speed fixture: plain vs MTP, ours vs upstream, side by side in one run.
+
+For each acceptance level the fixture was built for (100%, ~74% at n_draft 3, 0%) and each n_draft,
+this measures greedy tokens/s of
+  ours       llamaspec.Generator (plain) and llamaspec.MTP (n_draft)
+  upstream   llama-completion (plain) and llama-speculative-simple --spec-type draft-mtp, built
+             bench-only from the same pinned tree with the same CPU flags (bench/upstream.py)
+and prints ours/upstream and both MTP/plain ratios. Medians of --runs runs; every upstream run has its
+own time limit (2-thread runs sometimes stall on these machines); a stalled run is dropped and said.
+
+Rates: ours = (tokens - 1) / (first-to-last-token time); upstream plain = n_eval / (total - prompt
+time) from llama-completion's perf print; upstream MTP = llama-speculative-simple's "decoded N tokens
+in T seconds" (its whole generation loop).
+
+Usage: python bench/mtp_speed.py [--runs 5] [--threads 1 2] [--n-draft 1 2 3 4 5] [--tokens 256]
+       [--two-thread-n-draft 3] [--fixtures DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import llamaspec
+from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from upstream import build_tools  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LEVELS = {"100%": 0.0, "~74%": 0.14, "0%": 1.0}
+
+_EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
+_PROMPT = re.compile(r"prompt eval time =\s*([\d.]+) ms")
+_TOTAL = re.compile(r"total time =\s*([\d.]+) ms")
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
+
+
+def upstream_plain(bin_dir: Path, model: str, prompt: str, n: int, threads: int, timeout: float) -> float:
+    cmd = [str(bin_dir / "llama-completion"), "-m", model, "-p", prompt, "-n", str(n), "-t", str(threads),
+           "-tb", str(threads), "-c", "1024", "--temp", "0", "--ignore-eos", "-no-cnv", "--perf"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    log = p.stdout + p.stderr
+    m, pr, tot = _EVAL.search(log), _PROMPT.search(log), _TOTAL.search(log)
+    if p.returncode != 0 or not (m and pr and tot):
+        raise RuntimeError(f"llama-completion failed ({p.returncode}): {log[-1500:]}")
+    return int(m.group(2)) / ((float(tot.group(1)) - float(pr.group(1))) / 1e3)
+
+
+def upstream_mtp(bin_dir: Path, model: str, prompt: str, n: int, threads: int, n_draft: int,
+                 timeout: float) -> tuple[float, float]:
+    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", model, "-p", prompt, "-n", str(n), "-t", str(threads),
+           "-tb", str(threads), "-c", "1024", "--temp", "0", "--spec-type", "draft-mtp",
+           "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    log = p.stdout + p.stderr
+    m, a = _DECODED.search(log), _ACCEPT.search(log)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"llama-speculative-simple failed ({p.returncode}): {log[-1500:]}")
+    return int(m.group(1)) / float(m.group(2)), float(a.group(1)) / 100 if a else float("nan")
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--n-draft", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--two-thread-n-draft", type=int, nargs="+", default=[3],
+                    help="the subset of n_draft measured at more than one thread")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent / "build" / "fixtures")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+
+    bin_dir = build_tools("llama-completion", "llama-speculative-simple")
+    args.fixtures.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for level, wrong in LEVELS.items():
+        path = args.fixtures / f"speed-mtp-{wrong}.gguf"
+        info: FixtureInfo = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=wrong)
+        model = llamaspec.Model(path)
+        prompt = model.detokenize(info.cycle[:8])  # on the cycle: every draft is as designed
+        for threads in args.threads:
+            drafts = args.n_draft if threads == 1 else [d for d in args.n_draft if d in args.two_thread_n_draft]
+            gen = llamaspec.Generator(model, n_ctx=1024, n_threads=threads)
+            gen.generate(prompt, 16, temperature=0)
+            ours_plain, up_plain = [], []
+            for _ in range(args.runs):
+                gen.generate(prompt, args.tokens, temperature=0)
+                assert gen.last_stats is not None
+                ours_plain.append(gen.last_stats.tokens_per_second)
+                try:
+                    up_plain.append(upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout))
+                except subprocess.TimeoutExpired:
+                    print(f"  {level} t={threads} plain: upstream run timed out, dropped", flush=True)
+            gen.close()
+            for nd in drafts:
+                mtp = llamaspec.MTP(model, n_draft=nd, n_ctx=1024, n_threads=threads)
+                mtp.generate(prompt, 16, temperature=0)
+                ours, up, acc_up = [], [], []
+                mtp.reset_stats()
+                for _ in range(args.runs):
+                    mtp.generate(prompt, args.tokens, temperature=0)
+                    assert mtp.last_stats is not None
+                    ours.append(mtp.last_stats.tokens_per_second)
+                    try:
+                        r, a = upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout)
+                        up.append(r)
+                        acc_up.append(a)
+                    except subprocess.TimeoutExpired:
+                        print(f"  {level} t={threads} n_draft={nd}: upstream run timed out, dropped", flush=True)
+                acc = mtp.stats().acceptance_rate
+                mtp.close()
+                row = dict(level=level, threads=threads, n_draft=nd, ours_plain=med(ours_plain),
+                           up_plain=med(up_plain), ours=med(ours), up=med(up), acc=acc, acc_up=med(acc_up))
+                rows.append(row)
+                print(f"  {level:>5} t={threads} n_draft={nd}: ours {row['ours']:7.1f} (plain {row['ours_plain']:6.1f}, "
+                      f"acc {acc:.3f})  upstream {row['up']:7.1f} (plain {row['up_plain']:6.1f}, acc {row['acc_up']:.3f})",
+                      flush=True)
+        model.close()
+
+    lines = [
+        f"speed fixture (qwen35, {SPEED.n_trunk} trunk layers, n_embd {SPEED.n_embd}, F16), {args.tokens} tokens "
+        f"greedy, median of {args.runs} runs",
+        "",
+        "| acceptance | threads | n_draft | ours MTP tok/s | ours plain | **ours MTP/plain** | upstream MTP tok/s "
+        "| upstream plain | upstream MTP/plain | **ours/upstream (MTP)** | acceptance ours / upstream |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['level']} | {r['threads']} | {r['n_draft']} | {r['ours']:.1f} | {r['ours_plain']:.1f} | "
+            f"**{r['ours'] / r['ours_plain']:.2f}x** | {r['up']:.1f} | {r['up_plain']:.1f} | "
+            f"{r['up'] / r['up_plain']:.2f}x | **{r['ours'] / r['up']:.2f}x** | {r['acc']:.3f} / {r['acc_up']:.3f} |")
+    report = "\n".join(lines)
+    print()
+    print(report)
+    if not args.no_save:
+        RESULTS.mkdir(exist_ok=True)
+        stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M")
+        out = RESULTS / f"mtp_speed-{stamp}.md"
+        cmd = "python bench/mtp_speed.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        out.write_text(f"# mtp_speed {stamp}\n\ncommand: `{cmd}`\n\nmachine: {platform.machine()}, "
+                       f"llamaspec {llamaspec.__version__}\n\nsystem_info: `{llamaspec.system_info()}`\n\n{report}\n")
+        print(f"\nsaved {out}")
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print(f"({time.time() - t0:.0f} s)")

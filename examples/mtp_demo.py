@@ -1,0 +1,127 @@
+"""MTP speculative decoding, live: plain vs MTP side by side, with tokens/s and acceptance as they happen.
+
+Without arguments it writes the 86 MB qwen35 speed fixture (an MTP model whose acceptance is set by
+construction; cached in ~/.cache/llamaspec/fixtures) for 100%, ~74% and 0% acceptance, streams plain and
+MTP generation on each, and prints a table. With a real MTP GGUF (e.g. a Qwen3.5/3.6 "-MTP" quant):
+
+    python examples/mtp_demo.py --model Qwen3.6-35B-A3B-MTP-Q4_K_M.gguf --chat "Why is the sky blue?"
+
+applies the model's chat template and streams the answer with live statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+import llamaspec
+
+LEVELS = {"100%": 0.0, "~74%": 0.14, "0%": 1.0}
+
+
+class LiveStats:
+    """A renderable that reads the session's statistics each time rich refreshes: from rich's own
+    refresh thread, while the generation runs on the native worker."""
+
+    def __init__(self, label: str, mtp: llamaspec.MTP | None) -> None:
+        self.label, self.mtp = label, mtp
+        self.tokens, self.rate = 0, 0.0
+
+    def __rich__(self) -> Text:
+        line = f"{self.label:<12} {self.tokens:5d} tokens  {self.rate:7.1f} tok/s"
+        if self.mtp is not None:
+            s = self.mtp.stats()
+            line += (f"  acceptance {100 * s.acceptance_rate:5.1f}%  mean accepted length "
+                     f"{s.mean_accepted_length:4.2f}  iterations {s.iterations}")
+        return Text(line, style="cyan")
+
+
+def stream(console: Console, label: str, session: llamaspec.Generator | llamaspec.MTP, prompt: str,
+           max_tokens: int, show_text: bool, **sampling: object) -> llamaspec.GenerationStats:
+    stats = LiveStats(label, session if isinstance(session, llamaspec.MTP) else None)
+    text = Text()
+    with Live(Group(text, stats) if show_text else stats, console=console, refresh_per_second=10,
+              transient=False):
+        for ev in session.stream_events(prompt, max_tokens, **sampling):  # type: ignore[arg-type]
+            if isinstance(ev, llamaspec.Token):
+                stats.tokens += 1
+                if show_text:
+                    text.append(ev.text)
+            elif isinstance(ev, llamaspec.Done):
+                stats.rate = ev.stats.tokens_per_second
+                return ev.stats
+    raise RuntimeError("the generation ended without Done")
+
+
+def fixture_demo(console: Console, args: argparse.Namespace) -> None:
+    from llamaspec.fixtures import SPEED, write_qwen35_fixture
+
+    cache = Path(os.environ.get("LLAMASPEC_CACHE_DIR", Path.home() / ".cache" / "llamaspec")) / "fixtures"
+    cache.mkdir(parents=True, exist_ok=True)
+    table = Table(title=f"plain vs MTP (n_draft={args.n_draft}, {args.tokens} tokens, greedy, "
+                        f"{args.threads} thread(s)) on the speed fixture")
+    for col in ("built for", "plain tok/s", "MTP tok/s", "speed-up", "acceptance", "mean acc. length"):
+        table.add_column(col, justify="right")
+    for level, wrong in LEVELS.items():
+        path = cache / f"speed-mtp-{wrong}.gguf"
+        info = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=wrong) if not path.exists() else None
+        with llamaspec.Model(path) as model:
+            if info is None:
+                from llamaspec.fixtures import fixture_next_map
+
+                cycle, _ = fixture_next_map(1234)
+            else:
+                cycle = info.cycle
+            prompt = model.detokenize(cycle[:8])
+            console.rule(f"acceptance built for: {level}")
+            with llamaspec.Generator(model, n_ctx=1024, n_threads=args.threads) as gen:
+                gen.generate(prompt, 8, temperature=0)  # warm-up
+                plain = stream(console, "plain", gen, prompt, args.tokens, False, temperature=0)
+            with llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=1024, n_threads=args.threads) as mtp:
+                mtp.generate(prompt, 8, temperature=0)
+                mtp.reset_stats()
+                spec = stream(console, "MTP", mtp, prompt, args.tokens, False, temperature=0)
+                st = mtp.stats()
+        table.add_row(level, f"{plain.tokens_per_second:.1f}", f"{spec.tokens_per_second:.1f}",
+                      f"{spec.tokens_per_second / plain.tokens_per_second:.2f}x",
+                      f"{100 * st.acceptance_rate:.1f}%", f"{st.mean_accepted_length:.2f}")
+    console.print(table)
+
+
+def model_demo(console: Console, args: argparse.Namespace) -> None:
+    with llamaspec.Model(args.model) as model:
+        console.print(f"[bold]{model.description}[/] ({model.n_params / 1e9:.2f}B params, "
+                      f"{model.n_layer_nextn} MTP layer(s))")
+        question = args.chat or "Write a haiku about the sea."
+        prompt = model.apply_chat_template([{"role": "user", "content": question}], enable_thinking=False)
+        console.print(f"[dim]user:[/] {question}\n")
+        with llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=args.n_ctx, n_threads=args.threads) as mtp:
+            stream(console, "MTP", mtp, prompt, args.tokens, True, temperature=args.temperature)
+            console.print(mtp.print_stats())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a GGUF with an MTP head (default: the generated speed fixtures)")
+    ap.add_argument("--chat", help="a question for --model, rendered with its chat template")
+    ap.add_argument("--n-draft", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    args = ap.parse_args()
+    console = Console()
+    if args.model:
+        model_demo(console, args)
+    else:
+        fixture_demo(console, args)
+
+
+if __name__ == "__main__":
+    main()
