@@ -8,6 +8,9 @@ this measures greedy tokens/s of
 and prints ours/upstream and both MTP/plain ratios. Medians of --runs runs; every upstream run has its
 own time limit (2-thread runs sometimes stall on these machines); a stalled run is dropped and said.
 
+Ratios ours/upstream are given as the ratio of medians and as the median of per-pair ratios (run i of
+ours over run i of upstream, measured back to back), which cancels the machine's slow drifts.
+
 Rates: ours = (tokens - 1) / (first-to-last-token time); upstream plain = n_eval / (total - prompt
 time) from llama-completion's perf print; upstream MTP = llama-speculative-simple's "decoded N tokens
 in T seconds" (its whole generation loop).
@@ -122,11 +125,14 @@ def main() -> None:
                         up.append(r)
                         acc_up.append(a)
                     except subprocess.TimeoutExpired:
-                        print(f"  {level} t={threads} n_draft={nd}: upstream run timed out, dropped", flush=True)
+                        print(f"  {level} t={threads} n_draft={nd}: upstream run timed out, pair dropped", flush=True)
+                        ours.pop()
                 acc = mtp.stats().acceptance_rate
                 mtp.close()
+                pairs = [a / b for a, b in zip(ours, up)]
                 row = dict(level=level, threads=threads, n_draft=nd, ours_plain=med(ours_plain),
-                           up_plain=med(up_plain), ours=med(ours), up=med(up), acc=acc, acc_up=med(acc_up))
+                           up_plain=med(up_plain), ours=med(ours), up=med(up), acc=acc, acc_up=med(acc_up),
+                           paired=med(pairs))
                 rows.append(row)
                 print(f"  {level:>5} t={threads} n_draft={nd}: ours {row['ours']:7.1f} (plain {row['ours_plain']:6.1f}, "
                       f"acc {acc:.3f})  upstream {row['up']:7.1f} (plain {row['up_plain']:6.1f}, acc {row['acc_up']:.3f})",
@@ -138,14 +144,15 @@ def main() -> None:
         f"greedy, median of {args.runs} runs",
         "",
         "| acceptance | threads | n_draft | ours MTP tok/s | ours plain | **ours MTP/plain** | upstream MTP tok/s "
-        "| upstream plain | upstream MTP/plain | **ours/upstream (MTP)** | acceptance ours / upstream |",
+        "| upstream plain | upstream MTP/plain | **ours/upstream (MTP)** medians / pairs | acceptance ours / upstream |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['level']} | {r['threads']} | {r['n_draft']} | {r['ours']:.1f} | {r['ours_plain']:.1f} | "
             f"**{r['ours'] / r['ours_plain']:.2f}x** | {r['up']:.1f} | {r['up_plain']:.1f} | "
-            f"{r['up'] / r['up_plain']:.2f}x | **{r['ours'] / r['up']:.2f}x** | {r['acc']:.3f} / {r['acc_up']:.3f} |")
+            f"{r['up'] / r['up_plain']:.2f}x | **{r['ours'] / r['up']:.2f}x** / {r['paired']:.2f}x | "
+            f"{r['acc']:.3f} / {r['acc_up']:.3f} |")
     report = "\n".join(lines)
     print()
     print(report)

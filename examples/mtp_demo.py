@@ -46,6 +46,7 @@ def stream(console: Console, label: str, session: llamaspec.Generator | llamaspe
            max_tokens: int, show_text: bool, **sampling: object) -> llamaspec.GenerationStats:
     stats = LiveStats(label, session if isinstance(session, llamaspec.MTP) else None)
     text = Text()
+    done: llamaspec.GenerationStats | None = None
     with Live(Group(text, stats) if show_text else stats, console=console, refresh_per_second=10,
               transient=False):
         for ev in session.stream_events(prompt, max_tokens, **sampling):  # type: ignore[arg-type]
@@ -55,8 +56,12 @@ def stream(console: Console, label: str, session: llamaspec.Generator | llamaspe
                     text.append(ev.text)
             elif isinstance(ev, llamaspec.Done):
                 stats.rate = ev.stats.tokens_per_second
-                return ev.stats
-    raise RuntimeError("the generation ended without Done")
+                done = ev.stats
+    if not console.is_terminal:
+        console.print()  # a non-interactive Live leaves its last line open
+    if done is None:
+        raise RuntimeError("the generation ended without Done")
+    return done
 
 
 def fixture_demo(console: Console, args: argparse.Namespace) -> None:
