@@ -108,8 +108,8 @@ def main() -> None:
                 ours_plain.append(gen.last_stats.tokens_per_second)
                 try:
                     up_plain.append(upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout))
-                except subprocess.TimeoutExpired:
-                    print(f"  {level} t={threads} plain: upstream run timed out, dropped", flush=True)
+                except (subprocess.TimeoutExpired, RuntimeError) as e:
+                    print(f"  {level} t={threads} plain: upstream run dropped ({type(e).__name__})", flush=True)
             gen.close()
             for nd in drafts:
                 mtp = llamaspec.MTP(model, n_draft=nd, n_ctx=1024, n_threads=threads)
@@ -124,8 +124,10 @@ def main() -> None:
                         r, a = upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout)
                         up.append(r)
                         acc_up.append(a)
-                    except subprocess.TimeoutExpired:
-                        print(f"  {level} t={threads} n_draft={nd}: upstream run timed out, pair dropped", flush=True)
+                    except (subprocess.TimeoutExpired, RuntimeError) as e:
+                        # a stall, or (seen once) a run that exits 0 without its summary lines
+                        print(f"  {level} t={threads} n_draft={nd}: upstream run dropped ({type(e).__name__}), "
+                              "pair dropped", flush=True)
                         ours.pop()
                 acc = mtp.stats().acceptance_rate
                 mtp.close()

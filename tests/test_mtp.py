@@ -272,3 +272,16 @@ def test_emit_stats_every(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
             mtp.generate("hello", 100, temperature=0)
         with pytest.raises(InvalidOptionError):
             mtp.stream_events("hello", 10, emit_stats_every=-1)
+
+
+def test_closed_session(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    info = fx_mtp_levels["100"]
+    with llamaspec.Model(info.path) as m:
+        mtp = MTP(m, n_draft=2, n_ctx=256, n_threads=1)
+        assert mtp.generate("abc", 5, temperature=0)
+        mtp.close()
+        mtp.close()  # idempotent
+        with pytest.raises(llamaspec.ClosedError):
+            mtp.stats()
+        with pytest.raises(llamaspec.ClosedError):
+            mtp.generate("abc", 5)

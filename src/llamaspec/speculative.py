@@ -13,7 +13,7 @@ from ._log import sync_log_level
 from ._options import context_options
 from ._session import Prompt, _StreamingSession
 from .context import Context
-from .errors import InvalidOptionError, UnsupportedModelError
+from .errors import ClosedError, InvalidOptionError, UnsupportedModelError
 from .events import Event, Stats, Token
 from .model import Model
 
@@ -131,7 +131,7 @@ class MTP(_StreamingSession):
                 path=model.path,
             )
         sync_log_level()
-        self._native = _native.SpecSession.create_mtp(native_model, opts, n_draft)
+        self._native: _native.SpecSession | None = _native.SpecSession.create_mtp(native_model, opts, n_draft)
         self._engine = self._native
         self._n_draft = n_draft
         self._target = Context._from_native(model, self._native.target, opts)
@@ -206,13 +206,27 @@ class MTP(_StreamingSession):
         finally:
             await agen.aclose()  # type: ignore[attr-defined]
 
+    def _require(self) -> _native.SpecSession:
+        native = self._native
+        if native is None:
+            raise ClosedError("this MTP session is closed")
+        return native
+
     def stats(self) -> SpecStats:
-        """Cumulative statistics; readable from any thread, also mid-stream, without blocking it."""
-        return SpecStats._from_native(self._native.stats())
+        """Cumulative statistics; readable from any thread, also mid-stream, without blocking it.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
+        return SpecStats._from_native(self._require().stats())
 
     def reset_stats(self) -> None:
-        """Zero the cumulative statistics."""
-        self._native.reset_stats()
+        """Zero the cumulative statistics.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
+        self._require().reset_stats()
 
     def print_stats(self) -> str:
         """Log (logger "llamaspec", INFO) and return a summary in the form of upstream's."""
@@ -224,6 +238,7 @@ class MTP(_StreamingSession):
         """Stop a running generation and free both contexts. Idempotent."""
         self._close_session()
         self._engine = None
+        self._native = None  # a still-running worker keeps what it needs until it has stopped
         self._target.close()
 
     def __enter__(self) -> MTP:

@@ -20,7 +20,6 @@ void SpecCounters::add(const SpecCounters & o) {
     drafts_generated += o.drafts_generated;
     drafts_accepted += o.drafts_accepted;
     tokens_emitted += o.tokens_emitted;
-    calls += o.calls;
     rate_tokens += o.rate_tokens;
     window_s += o.window_s;
     draft_us += o.draft_us;
@@ -160,17 +159,8 @@ void SpecRun::work() {
     SpecCounters call(core.n_draft);   // this call's figures, for Done
     core.dft->clear_abort();
 
-    auto fold = [&](bool force) {
-        delta.calls = 0;
-        if (force) {
-            core.stats.fold(delta);
-        } else {
-            core.stats.try_fold(delta);
-        }
-    };
     auto done = [&](const char * reason) {
         delta.total_us += us_since(t_start_);
-        call.total_us = seconds(Clock::now() - t_start_) * 1e6;
         if (stats.tokens > 1) {
             delta.rate_tokens += stats.tokens - 1;
             delta.window_s += stats.generation_s;
@@ -332,7 +322,7 @@ void SpecRun::work() {
         // drop the rejected positions from both caches
         llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq, n_past, -1);
         llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
-        fold(false);
+        core.stats.try_fold(delta);  // publish; never waits for a reader
     }
     stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0;
     done(reason);

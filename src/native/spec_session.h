@@ -21,7 +21,6 @@ struct SpecCounters {
     uint64_t drafts_generated = 0;  // draft tokens proposed
     uint64_t drafts_accepted = 0;   // draft tokens the target accepted
     uint64_t tokens_emitted = 0;    // Token events
-    uint64_t calls = 0;
     uint64_t rate_tokens = 0;       // sum over calls of (tokens - 1): the numerator of tokens/s
     double window_s = 0;            // sum over calls of first-to-last-token time
     double draft_us = 0, verify_us = 0, sample_us = 0, prefill_us = 0, total_us = 0;
