@@ -22,10 +22,7 @@ Usage: python bench/mtp_speed.py [--runs 5] [--threads 1 2] [--n-draft 1 2 3 4 5
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import platform
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -36,9 +33,8 @@ import llamaspec
 from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from upstream import build_tools  # noqa: E402
+from upstream import build_tools, save_report  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 LEVELS = {"100%": 0.0, "~74%": 0.14, "0%": 1.0}
 
 _EVAL = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
@@ -159,13 +155,7 @@ def main() -> None:
     print()
     print(report)
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
-        stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M")
-        out = RESULTS / f"mtp_speed-{stamp}.md"
-        cmd = "python bench/mtp_speed.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.write_text(f"# mtp_speed {stamp}\n\ncommand: `{cmd}`\n\nmachine: {platform.machine()}, "
-                       f"llamaspec {llamaspec.__version__}\n\nsystem_info: `{llamaspec.system_info()}`\n\n{report}\n")
-        print(f"\nsaved {out}")
+        print(f"\nsaved {save_report('mtp_speed', report)}")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,8 @@ Writes a markdown report to bench/results/ (with this command line) unless --no-
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib.metadata
-import platform
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -33,10 +30,9 @@ from pathlib import Path
 import llamaspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from upstream import build_tools  # noqa: E402
+from upstream import build_tools, save_report  # noqa: E402
 
 PROMPT = "The history of the city of Paris begins"
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def smollm2() -> str:
@@ -140,14 +136,7 @@ def main() -> None:
     print()
     print(report)
     if not args.no_save:
-        RESULTS.mkdir(exist_ok=True)
-        stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M")
-        out = RESULTS / f"plain_decode-{stamp}.md"
-        cmd = "python bench/plain_decode.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        out.write_text(f"# plain_decode {stamp}\n\ncommand: `{cmd}`\n\nmachine: {platform.machine()}, "
-                       f"{platform.processor() or 'cpu'}, llamaspec {llamaspec.__version__}\n\n"
-                       f"system_info: `{llamaspec.system_info()}`\n\n{report}\n")
-        print(f"\nsaved {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+        print(f"\nsaved {save_report('plain_decode', report)}")
 
 
 if __name__ == "__main__":

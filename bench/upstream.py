@@ -1,4 +1,4 @@
-"""Build upstream llama.cpp tools (llama-completion, later llama-server, ...) for benchmarks.
+"""Shared bench helpers: build upstream llama.cpp tools (llama-completion, later llama-server, ...) for benchmarks.
 
 They are built bench-only from the SAME pinned, patched tree that llamaspec builds against
 (cmake/fetch_llama_cpp.py) and with the same CPU settings as our extension: GGML_NATIVE (ggml's
@@ -8,6 +8,9 @@ Release. The build lives in build/bench-upstream/ (ignored by git) and is reused
 
 from __future__ import annotations
 
+import datetime as dt
+import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,3 +45,20 @@ def build_tools(*targets: str) -> Path:
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(BUILD), "--target", *targets], check=True, stdout=subprocess.DEVNULL)
     return BUILD / "bin"
+
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def save_report(name: str, report: str) -> Path:
+    """Write bench/results/<name>-<stamp>.md with the command line that produced it."""
+    import llamaspec
+
+    RESULTS.mkdir(exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d-%H%M")
+    out = RESULTS / f"{name}-{stamp}.md"
+    cmd = f"python bench/{name}.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out.write_text(f"# {name} {stamp}\n\ncommand: `{cmd}`\n\nmachine: {platform.machine()}, "
+                   f"{platform.processor() or 'cpu'}, llamaspec {llamaspec.__version__}\n\n"
+                   f"system_info: `{llamaspec.system_info()}`\n\n{report}\n")
+    return out

@@ -198,20 +198,19 @@ void validate_request(const GenRequest & req, const Context & ctx) {
     }
 }
 
+GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
+                        const nb::dict & sampling, std::string grammar_root) {
+    GenRequest req;
+    req.prompt = std::move(prompt);
+    req.max_tokens = max_tokens;
+    req.stop = std::move(stop);
+    req.sampling = sampling_params_from_dict(sampling);
+    req.grammar_root = std::move(grammar_root);
+    return req;
+}
+
 std::shared_ptr<Run> Generator::start(GenRequest req) {
-    validate_request(req, *ctx_);
-    if (busy_->exchange(true)) {
-        throw Error(ErrorKind::Busy, "a generation is already running on this Generator (one at a time)");
-    }
-    try {
-        common_sampler_ptr smpl = make_sampler(*ctx_->model(), req.sampling, req.grammar_root);
-        auto run = std::make_shared<PlainRun>(ctx_, busy_, std::move(req), std::move(smpl));
-        run->launch();
-        return run;
-    } catch (...) {
-        busy_->store(false);
-        throw;
-    }
+    return start_run<PlainRun>(*ctx_, busy_, std::move(req), "Generator", ctx_);
 }
 
 Run::Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, GenRequest req, common_sampler_ptr smpl)
@@ -248,6 +247,25 @@ void Run::finish(GenStats & stats, const char * reason, std::vector<std::pair<st
     stats.finish_reason = reason;
     stats.total_s = seconds(Clock::now() - t_start_);
     queue_.push(Event{Event::Done, -1, {}, stats, std::nullopt, std::move(extra)});
+}
+
+const char * Run::emit(TokenEmitter & emitter, llama_token id) {
+    if (llama_vocab_is_eog(ctx_->model()->vocab(), id)) {
+        emitter.end_of_generation();
+        queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
+        return "stop";
+    }
+    ++stats_.tokens;
+    const bool last = stats_.tokens == req_.max_tokens;
+    const bool stopped = emitter.token(id, last);
+    t_last_ = Clock::now();
+    if (stats_.tokens == 1) {
+        t_first_ = t_last_;
+        stats_.ttft_s = seconds(t_first_ - t_start_);
+    }
+    if (stopped) return "stop";
+    if (last) return "length";
+    return nullptr;
 }
 
 void Run::guarded_work() {
@@ -292,30 +310,14 @@ void PlainRun::work() {
     for (llama_token t : req_.prompt) common_sampler_accept(smpl_.get(), t, false);
 
     llama_pos pos = (llama_pos) req_.prompt.size();
-    Clock::time_point t_first{}, t_last{};
     const char * reason = "length";
     while (true) {
         const llama_token id = common_sampler_sample(smpl_.get(), lctx, -1);
         common_sampler_accept(smpl_.get(), id, true);
-        if (llama_vocab_is_eog(vocab, id)) {
-            emitter.end_of_generation();
-            queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
-            reason = "stop";
+        if (const char * r = emit(emitter, id)) {
+            reason = r;
             break;
         }
-        ++stats.tokens;
-        const bool last = stats.tokens == req_.max_tokens;
-        const bool stopped = emitter.token(id, last);
-        t_last = Clock::now();
-        if (stats.tokens == 1) {
-            t_first = t_last;
-            stats.ttft_s = seconds(t_first - t_start_);
-        }
-        if (stopped) {
-            reason = "stop";
-            break;
-        }
-        if (last) break;
         if (cancelled()) {
             emitter.abandon();
             reason = "cancelled";
@@ -334,7 +336,7 @@ void PlainRun::work() {
             throw Error::with_code(ErrorKind::Decode, "decode failed: llama_decode returned " + std::to_string(rc), rc);
         }
     }
-    stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0;
+    close_window();
     finish(stats, reason);
 }
 
@@ -413,12 +415,8 @@ void register_generator(nb::module_ & m) {
         .def("start",
              [](Generator & g, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root) {
-                 GenRequest req;
-                 req.prompt = std::move(prompt);
-                 req.max_tokens = max_tokens;
-                 req.stop = std::move(stop);
-                 req.sampling = sampling_params_from_dict(sampling);
-                 req.grammar_root = std::move(grammar_root);
+                 GenRequest req = make_request(std::move(prompt), max_tokens, std::move(stop), sampling,
+                                               std::move(grammar_root));
                  nb::gil_scoped_release nogil;
                  return g.start(std::move(req));
              },

@@ -25,6 +25,8 @@ namespace llamaspec {
 
 using Clock = std::chrono::steady_clock;
 
+double seconds(Clock::duration d);
+
 // Sampling options from the dict the Python face validated. Throws Error(InvalidOption).
 common_params_sampling sampling_params_from_dict(const nanobind::dict & options);
 
@@ -157,13 +159,19 @@ protected:
     bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
     // Runs work() and turns an exception into a Failure event.
     void guarded_work();
+    // Emits one sampled token: end-of-generation, or a Token event with the max_tokens and
+    // stop-string checks and the first/last-token times. Returns the finish reason when the call is
+    // over ("stop" | "length"), else nullptr.
+    const char * emit(TokenEmitter & emitter, llama_token id);
+    // Sets stats_.generation_s from the first and last token times.
+    void close_window() { stats_.generation_s = stats_.tokens > 0 ? seconds(t_last_ - t_first_) : 0.0; }
 
     std::shared_ptr<Context> ctx_;
     std::shared_ptr<std::atomic<bool>> busy_;
     GenRequest req_;
     common_sampler_ptr smpl_;
     EventQueue queue_;
-    Clock::time_point t_start_;
+    Clock::time_point t_start_, t_first_{}, t_last_{};
     GenStats stats_;
 
 private:
@@ -187,7 +195,30 @@ protected:
 // ContextOverflow before anything is decoded.
 void validate_request(const GenRequest & req, const Context & ctx);
 
-double seconds(Clock::duration d);
+// A request from the arguments of a binding's start() (sampling: the validated options dict).
+GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
+                        const nanobind::dict & sampling, std::string grammar_root);
+
+// The common start of every engine: validate, claim the busy flag (BusyError if taken), build the
+// sampler (GrammarError), construct RunT(owner, busy, req, sampler) and launch its worker. The flag
+// is given back if anything fails before the worker runs.
+template <typename RunT, typename Owner>
+std::shared_ptr<Run> start_run(const Context & ctx, const std::shared_ptr<std::atomic<bool>> & busy, GenRequest req,
+                               const char * what, Owner owner) {
+    validate_request(req, ctx);
+    if (busy->exchange(true)) {
+        throw Error(ErrorKind::Busy, std::string("a generation is already running on this ") + what + " (one at a time)");
+    }
+    try {
+        common_sampler_ptr smpl = make_sampler(*ctx.model(), req.sampling, req.grammar_root);
+        auto run = std::make_shared<RunT>(std::move(owner), busy, std::move(req), std::move(smpl));
+        run->launch();
+        return run;
+    } catch (...) {
+        busy->store(false);
+        throw;
+    }
+}
 
 void register_generator(nanobind::module_ & m);
 

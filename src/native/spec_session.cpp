@@ -115,19 +115,7 @@ std::shared_ptr<SpecSession> SpecSession::create_mtp(std::shared_ptr<Model> mode
 }
 
 std::shared_ptr<Run> SpecSession::start(GenRequest req) {
-    validate_request(req, *core_->tgt);
-    if (busy_->exchange(true)) {
-        throw Error(ErrorKind::Busy, "a generation is already running on this session (one at a time)");
-    }
-    try {
-        common_sampler_ptr smpl = make_sampler(*core_->tgt->model(), req.sampling, req.grammar_root);
-        auto run = std::make_shared<SpecRun>(core_, busy_, std::move(req), std::move(smpl));
-        run->launch();
-        return run;
-    } catch (...) {
-        busy_->store(false);
-        throw;
-    }
+    return start_run<SpecRun>(*core_->tgt, busy_, std::move(req), "session", core_);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -216,7 +204,6 @@ void SpecRun::work() {
     common_speculative_begin(spec, seq, prompt_tgt);
 
     llama_tokens draft;
-    Clock::time_point t_first{}, t_last{};
     const int32_t n_ctx = (int32_t) core.tgt->n_ctx();
     const char * reason = "length";
     bool finished = false;
@@ -292,31 +279,17 @@ void SpecRun::work() {
         n_past += (llama_pos) n_acc;
 
         // emit, exactly up to max_tokens, an end-of-generation token or a stop string
+        const int32_t before = stats.tokens;
         for (llama_token id : ids) {
             prompt_tgt.push_back(id_last);
             id_last = id;
-            if (llama_vocab_is_eog(vocab, id)) {
-                emitter.end_of_generation();
-                queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
-                reason = "stop";
-                finished = true;
-                break;
-            }
-            ++stats.tokens;
-            ++delta.tokens_emitted;
-            const bool last = stats.tokens == req_.max_tokens;
-            const bool stopped = emitter.token(id, last);
-            t_last = Clock::now();
-            if (stats.tokens == 1) {
-                t_first = t_last;
-                stats.ttft_s = seconds(t_first - t_start_);
-            }
-            if (stopped || last) {
-                reason = stopped ? "stop" : "length";
+            if (const char * r = emit(emitter, id)) {
+                reason = r;
                 finished = true;
                 break;
             }
         }
+        delta.tokens_emitted += (uint64_t) (stats.tokens - before);
         if (finished) break;
 
         // drop the rejected positions from both caches
@@ -324,7 +297,7 @@ void SpecRun::work() {
         llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
         core.stats.try_fold(delta);  // publish; never waits for a reader
     }
-    stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0;
+    close_window();
     done(reason);
 }
 
@@ -372,12 +345,8 @@ void register_speculative(nb::module_ & m) {
         .def("start",
              [](SpecSession & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root) {
-                 GenRequest req;
-                 req.prompt = std::move(prompt);
-                 req.max_tokens = max_tokens;
-                 req.stop = std::move(stop);
-                 req.sampling = sampling_params_from_dict(sampling);
-                 req.grammar_root = std::move(grammar_root);
+                 GenRequest req = make_request(std::move(prompt), max_tokens, std::move(stop), sampling,
+                                               std::move(grammar_root));
                  nb::gil_scoped_release nogil;
                  return s.start(std::move(req));
              },
