@@ -268,6 +268,12 @@ const char * Run::emit(TokenEmitter & emitter, llama_token id) {
     return nullptr;
 }
 
+bool Run::decode_ok(int rc, const char * what) {
+    if (rc == 0) return true;
+    if (rc == 2) return false;
+    throw Error::with_code(ErrorKind::Decode, std::string(what) + " failed: llama_decode returned " + std::to_string(rc), rc);
+}
+
 void Run::guarded_work() {
     try {
         work();
@@ -298,14 +304,11 @@ void PlainRun::work() {
 
     c.clear_memory();
     const Clock::time_point t_prefill = Clock::now();
-    int rc = c.decode(req_.prompt.data(), req_.prompt.size(), 0);
+    const bool ran = decode_ok(c.decode(req_.prompt.data(), req_.prompt.size(), 0), "prompt decode");
     stats.prefill_s = seconds(Clock::now() - t_prefill);
-    if (rc == 2 || cancelled()) {
+    if (!ran || cancelled()) {
         finish(stats, "cancelled");
         return;
-    }
-    if (rc != 0) {
-        throw Error::with_code(ErrorKind::Decode, "prompt decode failed: llama_decode returned " + std::to_string(rc), rc);
     }
     for (llama_token t : req_.prompt) common_sampler_accept(smpl_.get(), t, false);
 
@@ -325,15 +328,10 @@ void PlainRun::work() {
         }
         batch.n_tokens = 0;
         batch_add(batch, id, pos++, true);
-        rc = llama_decode(lctx, batch);
-        if (rc == 2) {
+        if (!decode_ok(llama_decode(lctx, batch), "decode")) {
             emitter.abandon();
             reason = "cancelled";
             break;
-        }
-        if (rc != 0) {
-            emitter.abandon();
-            throw Error::with_code(ErrorKind::Decode, "decode failed: llama_decode returned " + std::to_string(rc), rc);
         }
     }
     close_window();

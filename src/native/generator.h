@@ -163,6 +163,9 @@ protected:
     // stop-string checks and the first/last-token times. Returns the finish reason when the call is
     // over ("stop" | "length"), else nullptr.
     const char * emit(TokenEmitter & emitter, llama_token id);
+    // Reads llama_decode's result: true when the batch ran, false when a cancel aborted it; any other
+    // code raises DecodeError (carrying the code) naming `what`.
+    static bool decode_ok(int rc, const char * what);
     // Sets stats_.generation_s from the first and last token times.
     void close_window() { stats_.generation_s = stats_.tokens > 0 ? seconds(t_last_ - t_first_) : 0.0; }
 

@@ -175,14 +175,11 @@ void SpecRun::work() {
         for (int32_t i = start; i < std::min(n_prefix, start + n_batch); ++i) {
             batch.add(prompt[i], i, seq, false);
         }
-        const int rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get());
-        if (rc == 2 || cancelled()) {
+        if (!decode_ok(llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get()), "prompt decode") ||
+            cancelled()) {
             stats.prefill_s = seconds(Clock::now() - t_prefill);
             done("cancelled");
             return;
-        }
-        if (rc != 0) {
-            throw Error::with_code(ErrorKind::Decode, "prompt decode failed: llama_decode returned " + std::to_string(rc), rc);
         }
         if (!common_speculative_process(spec, batch)) {
             if (cancelled()) {  // the abort reached the draft context's catch-up decode
@@ -239,15 +236,10 @@ void SpecRun::work() {
         for (size_t i = 0; i < draft.size(); ++i) {
             batch.add(draft[i], n_past + (llama_pos) i, seq, true);
         }
-        const int rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get());
-        if (rc == 2) {
+        if (!decode_ok(llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get()), "verify decode")) {
             emitter.abandon();
             reason = "cancelled";
             break;
-        }
-        if (rc != 0) {
-            emitter.abandon();
-            throw Error::with_code(ErrorKind::Decode, "verify decode failed: llama_decode returned " + std::to_string(rc), rc);
         }
         if (!common_speculative_process(spec, batch)) {
             emitter.abandon();
