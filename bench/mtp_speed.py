@@ -3,8 +3,10 @@
 For each acceptance level the fixture was built for (100%, ~74% at n_draft 3, 0%) and each n_draft,
 this measures greedy tokens/s of
   ours       llamaspec.Generator (plain) and llamaspec.MTP (n_draft)
-  upstream   llama-completion (plain) and llama-speculative-simple --spec-type draft-mtp, built
-             bench-only from the same pinned tree with the same CPU flags (bench/upstream.py)
+  upstream   llama-completion (plain) and llama-speculative-simple --spec-type draft-mtp (default), or
+             with --upstream server: llama-server (plain, and --spec-type draft-mtp), timings from
+             /completion's timings.predicted_per_second; all built bench-only from the same pinned
+             tree with the same CPU flags (bench/upstream.py)
 and prints ours/upstream and both MTP/plain ratios. Medians of --runs runs; every upstream run has its
 own time limit (2-thread runs sometimes stall on these machines); a stalled run is dropped and said.
 
@@ -22,12 +24,18 @@ Usage: python bench/mtp_speed.py [--runs 5] [--threads 1 2] [--n-draft 1 2 3 4 5
 from __future__ import annotations
 
 import argparse
+import json
 import re
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
+import contextlib
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import llamaspec
 from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
@@ -68,6 +76,64 @@ def upstream_mtp(bin_dir: Path, model: str, prompt: str, n: int, threads: int, n
     return int(m.group(1)) / float(m.group(2)), float(a.group(1)) / 100 if a else float("nan")
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def llama_server(bin_dir: Path, model: str, threads: int, n_draft: int | None, timeout: float) -> Iterator[str]:
+    """A llama-server on 127.0.0.1 for one configuration (n_draft None: plain decoding)."""
+    port = _free_port()
+    cmd = [str(bin_dir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+           "-tb", str(threads), "-c", "1024", "-np", "1", "--no-webui"]
+    if n_draft is not None:
+        cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"llama-server did not start ({proc.returncode})")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def server_completion(url: str, prompt: str, n: int, timeout: float) -> tuple[float, float]:
+    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                       "cache_prompt": False}).encode()
+    req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            t = json.load(r)["timings"]
+    except TimeoutError as e:
+        raise subprocess.TimeoutExpired("llama-server /completion", timeout) from e
+    drafted = t.get("draft_n", 0)
+    return float(t["predicted_per_second"]), (t.get("draft_n_accepted", 0) / drafted if drafted else float("nan"))
+
+
+def upstream_for(args: argparse.Namespace, bin_dir: Path, model: str, threads: int,
+                 n_draft: int | None) -> contextlib.AbstractContextManager[str]:
+    """A running llama-server's URL with --upstream server, else "" (the one-shot tools are used)."""
+    if args.upstream == "server":
+        return llama_server(bin_dir, model, threads, n_draft, args.timeout)
+    return contextlib.nullcontext("")
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -81,14 +147,18 @@ def main() -> None:
                     help="the subset of n_draft measured at more than one thread")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--upstream", choices=["simple", "server"], default="simple",
+                    help="upstream MTP tool: llama-speculative-simple or llama-server")
+    ap.add_argument("--levels", nargs="+", choices=list(LEVELS), default=list(LEVELS))
     ap.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent / "build" / "fixtures")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
 
-    bin_dir = build_tools("llama-completion", "llama-speculative-simple")
+    tools = ["llama-completion", "llama-speculative-simple"] if args.upstream == "simple" else ["llama-server"]
+    bin_dir = build_tools(*tools)
     args.fixtures.mkdir(parents=True, exist_ok=True)
     rows = []
-    for level, wrong in LEVELS.items():
+    for level, wrong in ((lv, LEVELS[lv]) for lv in args.levels):
         path = args.fixtures / f"speed-mtp-{wrong}.gguf"
         info: FixtureInfo = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=wrong)
         model = llamaspec.Model(path)
@@ -98,33 +168,37 @@ def main() -> None:
             gen = llamaspec.Generator(model, n_ctx=1024, n_threads=threads)
             gen.generate(prompt, 16, temperature=0)
             ours_plain, up_plain = [], []
-            for _ in range(args.runs):
-                gen.generate(prompt, args.tokens, temperature=0)
-                assert gen.last_stats is not None
-                ours_plain.append(gen.last_stats.tokens_per_second)
-                try:
-                    up_plain.append(upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout))
-                except (subprocess.TimeoutExpired, RuntimeError) as e:
-                    print(f"  {level} t={threads} plain: upstream run dropped ({type(e).__name__})", flush=True)
+            with upstream_for(args, bin_dir, str(path), threads, None) as url:
+                for _ in range(args.runs):
+                    gen.generate(prompt, args.tokens, temperature=0)
+                    assert gen.last_stats is not None
+                    ours_plain.append(gen.last_stats.tokens_per_second)
+                    try:
+                        up_plain.append(server_completion(url, prompt, args.tokens, args.timeout)[0] if url else
+                                        upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout))
+                    except (subprocess.TimeoutExpired, RuntimeError) as e:
+                        print(f"  {level} t={threads} plain: upstream run dropped ({type(e).__name__})", flush=True)
             gen.close()
             for nd in drafts:
                 mtp = llamaspec.MTP(model, n_draft=nd, n_ctx=1024, n_threads=threads)
                 mtp.generate(prompt, 16, temperature=0)
                 ours, up, acc_up = [], [], []
                 mtp.reset_stats()
-                for _ in range(args.runs):
-                    mtp.generate(prompt, args.tokens, temperature=0)
-                    assert mtp.last_stats is not None
-                    ours.append(mtp.last_stats.tokens_per_second)
-                    try:
-                        r, a = upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout)
-                        up.append(r)
-                        acc_up.append(a)
-                    except (subprocess.TimeoutExpired, RuntimeError) as e:
-                        # a stall, or (seen once) a run that exits 0 without its summary lines
-                        print(f"  {level} t={threads} n_draft={nd}: upstream run dropped ({type(e).__name__}), "
-                              "pair dropped", flush=True)
-                        ours.pop()
+                with upstream_for(args, bin_dir, str(path), threads, nd) as url:
+                    for _ in range(args.runs):
+                        mtp.generate(prompt, args.tokens, temperature=0)
+                        assert mtp.last_stats is not None
+                        ours.append(mtp.last_stats.tokens_per_second)
+                        try:
+                            r, a = (server_completion(url, prompt, args.tokens, args.timeout) if url else
+                                    upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout))
+                            up.append(r)
+                            acc_up.append(a)
+                        except (subprocess.TimeoutExpired, RuntimeError) as e:
+                            # a stall, or (seen once) a run that exits 0 without its summary lines
+                            print(f"  {level} t={threads} n_draft={nd}: upstream run dropped ({type(e).__name__}), "
+                                  "pair dropped", flush=True)
+                            ours.pop()
                 acc = mtp.stats().acceptance_rate
                 mtp.close()
                 pairs = [a / b for a, b in zip(ours, up)]
@@ -139,7 +213,8 @@ def main() -> None:
 
     lines = [
         f"speed fixture (qwen35, {SPEED.n_trunk} trunk layers, n_embd {SPEED.n_embd}, F16), {args.tokens} tokens "
-        f"greedy, median of {args.runs} runs",
+        f"greedy, median of {args.runs} runs, upstream = "
+        f"{'llama-server' if args.upstream == 'server' else 'llama-completion / llama-speculative-simple'}",
         "",
         "| acceptance | threads | n_draft | ours MTP tok/s | ours plain | **ours MTP/plain** | upstream MTP tok/s "
         "| upstream plain | upstream MTP/plain | **ours/upstream (MTP)** medians / pairs | acceptance ours / upstream |",
