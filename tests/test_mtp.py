@@ -285,3 +285,15 @@ def test_closed_session(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
             mtp.stats()
         with pytest.raises(llamaspec.ClosedError):
             mtp.generate("abc", 5)
+
+
+def test_edge_prompts(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    info = fx_mtp_levels["74"]
+    with llamaspec.Model(info.path) as m, llamaspec.Generator(m, n_ctx=256, n_threads=1) as g, \
+            MTP(m, n_draft=3, n_ctx=256, n_threads=1) as mtp:
+        # a one-token prompt: nothing to prefill, the drafter starts without hidden rows
+        for prompt in ("a", [65], "ab"):
+            assert mtp.generate(prompt, 40, temperature=0) == g.generate(prompt, 40, temperature=0)
+        # prompt + max_tokens exactly fills the context: drafts are capped by the room left
+        n = mtp.n_ctx
+        assert mtp.generate("x" * (n - 10), 10, temperature=0) == g.generate("x" * (n - 10), 10, temperature=0)
