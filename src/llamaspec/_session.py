@@ -13,14 +13,18 @@ import math
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeVar
 
 from . import _native
 from ._log import sync_log_level
 from ._options import sampling_options
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
 from .events import Done, EndOfGeneration, Event, GenerationStats, Token
+from .context import Context
 from .model import Model
+
+_S = TypeVar("_S", bound="_StreamingSession")
 
 Prompt = str | Sequence[int]
 
@@ -75,6 +79,7 @@ class _Pull:
 class _StreamingSession:
     _engine: _native.Generator | _native.SpecSession | None
     _model: Model
+    _context: Context  # the context the session decodes on (the target, for speculative sessions)
 
     def _init_session(self) -> None:
         self._lock = threading.Lock()
@@ -268,3 +273,31 @@ class _StreamingSession:
             run = self._active
         if run is not None:
             run.cancel()
+
+    @property
+    def model(self) -> Model:
+        """The model this session runs."""
+        return self._model
+
+    @property
+    def context(self) -> Context:
+        """The context this session owns (n_ctx, n_threads, perf counters, ...)."""
+        return self._context
+
+    @property
+    def n_ctx(self) -> int:
+        """Context size in tokens."""
+        return self._context.n_ctx
+
+    def close(self) -> None:
+        """Stop a running generation and free the context. Idempotent."""
+        self._close_session()
+        self._engine = None  # a still-running worker keeps what it needs until it has stopped
+        self._context.close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

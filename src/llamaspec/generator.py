@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from . import _native
@@ -46,34 +45,6 @@ class Generator(_StreamingSession):
         sync_log_level()
         self._context = Context._from_native(model, _native.Context.create(model._require(), opts), opts)
         self._engine = _native.Generator(self._context._require())
-
-    @property
-    def model(self) -> Model:
-        """The model this generator runs."""
-        return self._model
-
-    @property
-    def context(self) -> Context:
-        """The context this generator owns (read its n_ctx, n_threads, ...)."""
-        return self._context
-
-    @property
-    def n_ctx(self) -> int:
-        """Context size in tokens."""
-        return self._context.n_ctx
-
-    def close(self) -> None:
-        """Stop a running generation and free the context. Idempotent."""
-        self._close_session()
-        self._engine = None  # a still-running worker keeps what it needs until it has stopped
-        self._context.close()
-
-    def __enter__(self) -> Generator:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<llamaspec.Generator n_ctx={self._context.n_ctx if not self._closed else '?'} model={self._model!r}>"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from . import _native
@@ -134,27 +133,12 @@ class MTP(_StreamingSession):
         self._native: _native.SpecSession | None = _native.SpecSession.create_mtp(native_model, opts, n_draft)
         self._engine = self._native
         self._n_draft = n_draft
-        self._target = Context._from_native(model, self._native.target, opts)
-
-    @property
-    def model(self) -> Model:
-        """The model (target and drafter)."""
-        return self._model
+        self._context = Context._from_native(model, self._native.target, opts)
 
     @property
     def n_draft(self) -> int:
         """Maximum draft tokens per verify."""
         return self._n_draft
-
-    @property
-    def context(self) -> Context:
-        """The target context (n_ctx, n_threads, perf counters, ...)."""
-        return self._target
-
-    @property
-    def n_ctx(self) -> int:
-        """Context size in tokens."""
-        return self._target.n_ctx
 
     # -- streaming with periodic statistics ---------------------------------------------------------
 
@@ -236,17 +220,8 @@ class MTP(_StreamingSession):
 
     def close(self) -> None:
         """Stop a running generation and free both contexts. Idempotent."""
-        self._close_session()
-        self._engine = None
         self._native = None  # a still-running worker keeps what it needs until it has stopped
-        self._target.close()
-
-    def __enter__(self) -> MTP:
-        return self
-
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+        super().close()
 
     def __repr__(self) -> str:
         return f"<llamaspec.MTP n_draft={self._n_draft} model={self._model!r}>"
