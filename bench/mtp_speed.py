@@ -35,7 +35,7 @@ import urllib.request
 import contextlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import llamaspec
 from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
@@ -134,6 +134,32 @@ def upstream_for(args: argparse.Namespace, bin_dir: Path, model: str, threads: i
     return contextlib.nullcontext("")
 
 
+T = TypeVar("T")
+
+
+def ours_rate(session: llamaspec.Generator | llamaspec.MTP, prompt: str, n: int) -> float:
+    session.generate(prompt, n, temperature=0)
+    assert session.last_stats is not None
+    return session.last_stats.tokens_per_second
+
+
+def measure(runs: int, ours: Callable[[], float], upstream: Callable[[], T], label: str) -> tuple[list[float], list[T]]:
+    """Alternate our runs with upstream's; an upstream run that stalls past its time limit or fails
+    (seen once: exit 0 without its summary lines) drops its pair, and says so."""
+    mine: list[float] = []
+    theirs: list[T] = []
+    for _ in range(runs):
+        o = ours()
+        try:
+            u = upstream()
+        except (subprocess.TimeoutExpired, RuntimeError) as e:
+            print(f"  {label}: upstream run dropped ({type(e).__name__}), pair dropped", flush=True)
+            continue
+        mine.append(o)
+        theirs.append(u)
+    return mine, theirs
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -167,38 +193,25 @@ def main() -> None:
             drafts = args.n_draft if threads == 1 else [d for d in args.n_draft if d in args.two_thread_n_draft]
             gen = llamaspec.Generator(model, n_ctx=1024, n_threads=threads)
             gen.generate(prompt, 16, temperature=0)
-            ours_plain, up_plain = [], []
             with upstream_for(args, bin_dir, str(path), threads, None) as url:
-                for _ in range(args.runs):
-                    gen.generate(prompt, args.tokens, temperature=0)
-                    assert gen.last_stats is not None
-                    ours_plain.append(gen.last_stats.tokens_per_second)
-                    try:
-                        up_plain.append(server_completion(url, prompt, args.tokens, args.timeout)[0] if url else
-                                        upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout))
-                    except (subprocess.TimeoutExpired, RuntimeError) as e:
-                        print(f"  {level} t={threads} plain: upstream run dropped ({type(e).__name__})", flush=True)
+                ours_plain, up_plain = measure(
+                    args.runs, lambda: ours_rate(gen, prompt, args.tokens),
+                    lambda: (server_completion(url, prompt, args.tokens, args.timeout)[0] if url else
+                             upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout)),
+                    f"{level} t={threads} plain")
             gen.close()
             for nd in drafts:
                 mtp = llamaspec.MTP(model, n_draft=nd, n_ctx=1024, n_threads=threads)
                 mtp.generate(prompt, 16, temperature=0)
-                ours, up, acc_up = [], [], []
                 mtp.reset_stats()
                 with upstream_for(args, bin_dir, str(path), threads, nd) as url:
-                    for _ in range(args.runs):
-                        mtp.generate(prompt, args.tokens, temperature=0)
-                        assert mtp.last_stats is not None
-                        ours.append(mtp.last_stats.tokens_per_second)
-                        try:
-                            r, a = (server_completion(url, prompt, args.tokens, args.timeout) if url else
-                                    upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout))
-                            up.append(r)
-                            acc_up.append(a)
-                        except (subprocess.TimeoutExpired, RuntimeError) as e:
-                            # a stall, or (seen once) a run that exits 0 without its summary lines
-                            print(f"  {level} t={threads} n_draft={nd}: upstream run dropped ({type(e).__name__}), "
-                                  "pair dropped", flush=True)
-                            ours.pop()
+                    ours, up_runs = measure(
+                        args.runs, lambda: ours_rate(mtp, prompt, args.tokens),
+                        lambda: (server_completion(url, prompt, args.tokens, args.timeout) if url else
+                                 upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout)),
+                        f"{level} t={threads} n_draft={nd}")
+                up = [r for r, _ in up_runs]
+                acc_up = [a for _, a in up_runs]
                 acc = mtp.stats().acceptance_rate
                 mtp.close()
                 pairs = [a / b for a, b in zip(ours, up)]
