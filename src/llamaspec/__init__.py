@@ -14,8 +14,10 @@ from .errors import (
     ClosedError,
     ContextOverflowError,
     DecodeError,
+    DraftModelRequiredError,
     GenerationTimeout,
     GrammarError,
+    IncompatibleVocabError,
     InvalidOptionError,
     LlamaspecError,
     ModelLoadError,
@@ -24,7 +26,7 @@ from .errors import (
 from .events import Done, EndOfGeneration, Event, GenerationStats, Stats, Token
 from .generator import Generator
 from .model import Model
-from .speculative import MTP, SpecStats
+from .speculative import METHODS, MTP, SpecStats, Speculative, StageStats, ngram_cache_create
 
 __version__ = "0.1.0"
 
@@ -32,8 +34,12 @@ __all__ = [
     "Model",
     "Context",
     "Generator",
+    "Speculative",
     "MTP",
+    "METHODS",
     "SpecStats",
+    "StageStats",
+    "ngram_cache_create",
     "Token",
     "EndOfGeneration",
     "Done",
@@ -51,6 +57,8 @@ __all__ = [
     "ChatTemplateError",
     "DecodeError",
     "ClosedError",
+    "IncompatibleVocabError",
+    "DraftModelRequiredError",
     "system_info",
 ]
 

@@ -18,6 +18,8 @@ __all__ = [
     "ChatTemplateError",
     "DecodeError",
     "ClosedError",
+    "IncompatibleVocabError",
+    "DraftModelRequiredError",
 ]
 
 
@@ -74,3 +76,13 @@ class DecodeError(LlamaspecError):
 
 class ClosedError(LlamaspecError):
     """The object was closed and cannot be used any more."""
+
+
+class IncompatibleVocabError(UnsupportedModelError):
+    """A draft model's vocabulary does not match the target's (type, BOS/EOS, size or token texts),
+    so its tokens cannot be verified by the target; ``path`` is the draft model's file."""
+
+
+class DraftModelRequiredError(InvalidOptionError):
+    """The speculative method drafts with a separate model (draft-simple, EAGLE-3, DFlash, DSpark)
+    and no ``draft_model`` was given."""

@@ -22,7 +22,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["FixtureSpec", "FixtureInfo", "TINY", "SPEED", "write_qwen35_fixture", "fixture_next_map"]
+__all__ = [
+    "FixtureSpec", "FixtureInfo", "DraftFixtureInfo", "DrafterInfo", "TINY", "SPEED", "write_qwen35_fixture",
+    "write_draft_fixture", "write_eagle3_fixture", "write_dflash_fixture", "write_dspark_fixture",
+    "fixture_next_map",
+]
 
 N_BYTES = 256
 TOK_DOUBLE_SPACE = 256
@@ -139,6 +143,25 @@ def _gpt2_byte_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
+def _add_tokenizer(w: Any) -> None:
+    """The fixtures' tokenizer: 256 byte tokens (GPT-2 byte-to-unicode), one merge, three control tokens."""
+    import gguf
+
+    b2u = _gpt2_byte_to_unicode()
+    tokens = [b2u[b] for b in range(N_BYTES)] + [b2u[32] * 2, "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [gguf.TokenType.NORMAL] * (N_BYTES + 1) + [gguf.TokenType.CONTROL] * 3
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen35")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([f"{b2u[32]} {b2u[32]}"])
+    w.add_bos_token_id(TOK_EOS)
+    w.add_eos_token_id(TOK_EOS)
+    w.add_pad_token_id(TOK_EOS)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+
 def fixture_next_map(seed: int) -> tuple[list[int], list[int]]:
     """The cycle over printable tokens and next(x) for every token, from a seed."""
     import numpy as np
@@ -230,20 +253,7 @@ def write_qwen35_fixture(
     if mtp:
         w.add_uint32(f"{arch}.nextn_predict_layers", 1)
 
-    # tokenizer: 256 byte tokens (GPT-2 byte-to-unicode), one merge, three control tokens
-    b2u = _gpt2_byte_to_unicode()
-    tokens = [b2u[b] for b in range(N_BYTES)] + [b2u[32] * 2, "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    types = [gguf.TokenType.NORMAL] * (N_BYTES + 1) + [gguf.TokenType.CONTROL] * 3
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen35")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges([f"{b2u[32]} {b2u[32]}"])
-    w.add_bos_token_id(TOK_EOS)
-    w.add_eos_token_id(TOK_EOS)
-    w.add_pad_token_id(TOK_EOS)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    _add_tokenizer(w)
 
     # what tests check against
     w.add_array(META_PREFIX + "cycle", cycle)
@@ -329,3 +339,145 @@ def write_qwen35_fixture(
     w.write_tensors_to_file()
     w.close()
     return FixtureInfo(os.fspath(path), spec, mtp, quant, cycle, nxt, wrong, mtp_wrong_fraction)
+
+
+@dataclass(frozen=True)
+class DraftFixtureInfo:
+    """A draft model for a qwen35 fixture (method "draft"): what was written and its known acceptance."""
+
+    path: str
+    target: FixtureInfo
+    wrong: list[int] = field(repr=False)  # cycle tokens after which the draft proposes a wrong token
+    wrong_fraction: float = 0.0
+
+    def simulate(self, prompt: list[int], n_draft: int, max_tokens: int) -> tuple[int, int, int]:
+        """Predict a draft-simple run (greedy, p_min 0) on the target from the construction.
+
+        The draft's head maps x to next(x), except for the "wrong" tokens, whose draft is
+        next(next(x)); the target accepts the leading drafts that equal its greedy continuation.
+
+        Args:
+            prompt: the prompt's token ids (at least 1).
+            n_draft: the session's draft length.
+            max_tokens: the call's max_tokens (drafts are capped by the tokens still wanted).
+
+        Returns:
+            (iterations, drafts_generated, drafts_accepted).
+        """
+        wrong = set(self.wrong)
+        nxt = self.target.next_map
+        last = prompt[-1]
+        emitted = iterations = drafted = accepted = 0
+        while emitted < max_tokens:
+            k = max(0, min(n_draft, max_tokens - emitted - 1))
+            a, cur = 0, last
+            while a < k and cur not in wrong:
+                a, cur = a + 1, nxt[cur]
+            iterations += 1
+            drafted += k
+            accepted += a
+            for _ in range(a + 1):
+                last = nxt[last]
+            emitted += a + 1
+        return iterations, drafted, accepted
+
+
+def write_draft_fixture(
+    path: str | os.PathLike[str],
+    target: FixtureInfo,
+    *,
+    wrong_fraction: float = 0.0,
+    n_layer: int = 2,
+    seed: int = 99,
+) -> DraftFixtureInfo:
+    """Write a tiny "llama" (pure transformer) draft model for a qwen35 fixture: the same
+    vocabulary, a head that proposes the target's greedy continuation except after a chosen fraction
+    of the cycle's tokens.
+
+    Args:
+        path: where to write the .gguf file.
+        target: the fixture the draft drafts for (its next map defines the right proposals).
+        wrong_fraction: fraction of cycle tokens after which the draft proposes a wrong token
+            (0.0 -> 100% acceptance, 1.0 -> 0%).
+        n_layer: transformer blocks (each runs in full, without moving the one-hot residual).
+        seed: selects the wrong tokens and the random weights.
+
+    Returns:
+        A DraftFixtureInfo with the wrong tokens and ``simulate()``.
+
+    Raises:
+        ValueError: an invalid argument.
+    """
+    import gguf
+    import numpy as np
+
+    if not 0.0 <= wrong_fraction <= 1.0:
+        raise ValueError("wrong_fraction must be within [0, 1]")
+    if n_layer < 1:
+        raise ValueError("n_layer must be >= 1")
+    E, n_head, n_head_kv, n_ff = 320, 4, 2, 128
+    head_dim = E // n_head
+    rng = np.random.default_rng(seed)
+    cycle, nxt = target.cycle, target.next_map
+    n_wrong = int(round(wrong_fraction * len(cycle)))
+    wrong = sorted(int(t) for t in rng.choice(cycle, size=n_wrong, replace=False)) if n_wrong else []
+
+    w = gguf.GGUFWriter(os.fspath(path), "llama")
+    w.add_name("llamaspec-draft-fixture")
+    w.add_context_length(target.spec.n_ctx_train)
+    w.add_embedding_length(E)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(head_dim)
+    _add_tokenizer(w)
+    w.add_array(META_PREFIX + "wrong", wrong if wrong else [-1])
+    w.add_float32(META_PREFIX + "wrong_fraction", float(wrong_fraction))
+
+    def mat(name: str, ne0: int, ne1: int, data: Any) -> None:
+        w.add_tensor(name, np.asarray(data, dtype=np.float32).reshape(ne1, ne0).astype(np.float16))
+
+    def vec(name: str, data: Any) -> None:
+        w.add_tensor(name, np.asarray(data, dtype=np.float32))
+
+    def rand(ne0: int, ne1: int, std: float) -> Any:
+        return rng.normal(0.0, std, size=(ne1, ne0))
+
+    emb = np.zeros((N_VOCAB, E), dtype=np.float32)
+    emb[np.arange(N_VOCAB), np.arange(N_VOCAB)] = 1.0
+    mat("token_embd.weight", E, N_VOCAB, emb)
+    wrong_set = set(wrong)
+    head = np.zeros((N_VOCAB, E), dtype=np.float32)
+    for x in range(N_VOCAB):
+        head[nxt[nxt[x]] if x in wrong_set else nxt[x], x] = 1.0
+    mat("output.weight", E, N_VOCAB, head)
+    vec("output_norm.weight", np.ones(E))
+    tiny = 1e-4
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", np.ones(E))
+        vec(p + "ffn_norm.weight", np.ones(E))
+        mat(p + "attn_q.weight", E, E, rand(E, E, 0.02))
+        mat(p + "attn_k.weight", E, head_dim * n_head_kv, rand(E, head_dim * n_head_kv, 0.02))
+        mat(p + "attn_v.weight", E, head_dim * n_head_kv, rand(E, head_dim * n_head_kv, 0.02))
+        mat(p + "attn_output.weight", E, E, rand(E, E, tiny))
+        mat(p + "ffn_gate.weight", E, n_ff, rand(E, n_ff, 0.02))
+        mat(p + "ffn_up.weight", E, n_ff, rand(E, n_ff, 0.02))
+        mat(p + "ffn_down.weight", n_ff, E, rand(n_ff, E, tiny))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return DraftFixtureInfo(os.fspath(path), target, wrong, wrong_fraction)
+
+
+# the drafter-head fixtures (EAGLE-3, DFlash, DSpark) live in their own module; they build on the above
+from ._drafter_fixtures import (  # noqa: E402
+    DrafterInfo,
+    write_dflash_fixture,
+    write_dspark_fixture,
+    write_eagle3_fixture,
+)

@@ -1,9 +1,11 @@
-"""MTP: speculative decoding whose drafter is the Multi-Token-Prediction head in the model's own GGUF."""
+"""Speculative decoding: every drafter upstream llama.cpp implements, chained or alone, behind one
+session type (``Speculative``); ``MTP`` is ``Speculative`` with ``method="mtp"``."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,20 +14,72 @@ from ._log import sync_log_level
 from ._options import context_options
 from ._session import Prompt, _StreamingSession
 from .context import Context
-from .errors import ClosedError, InvalidOptionError, UnsupportedModelError
+from .errors import ClosedError, DraftModelRequiredError, InvalidOptionError, UnsupportedModelError
 from .events import Event, Stats, Token
 from .model import Model
 
-__all__ = ["MTP", "SpecStats"]
+__all__ = ["Speculative", "MTP", "SpecStats", "StageStats", "METHODS", "ngram_cache_create"]
+
+#: Every method upstream's common_speculative implements, by its upstream name.
+METHODS: tuple[str, ...] = (
+    "draft-mtp", "draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark",
+    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+)
+#: Short forms accepted for the model-based methods.
+METHOD_ALIASES: dict[str, str] = {
+    "mtp": "draft-mtp", "draft": "draft-simple", "eagle3": "draft-eagle3", "dflash": "draft-dflash",
+    "dspark": "draft-dspark",
+}
+_NEEDS_DRAFT_MODEL = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+_NGRAM_OPTIONS = {"size_n": (1, 256), "min_hits": (1, 1 << 15), "n_match": (1, 1024)}
 
 logger = logging.getLogger("llamaspec")
+
+
+@dataclass(frozen=True, slots=True)
+class StageStats:
+    """Statistics of one stage of a chain (one upstream method), cumulative like SpecStats.
+
+    Attributes:
+        method: the upstream method name, e.g. "ngram-mod".
+        drafts: drafts this stage produced (verify passes it drafted for).
+        drafts_generated: draft tokens it proposed.
+        drafts_accepted: of those, tokens the target accepted.
+        acceptance_rate: drafts_accepted / drafts_generated (0.0 when it proposed nothing).
+        draft_us: microseconds inside its draft calls, including the calls that found nothing.
+        accepted_per_position: how often its draft position i was accepted (length n_draft).
+        drafted_per_position: how often its draft reached position i (length n_draft).
+    """
+
+    method: str
+    drafts: int
+    drafts_generated: int
+    drafts_accepted: int
+    acceptance_rate: float
+    draft_us: float
+    accepted_per_position: tuple[int, ...]
+    drafted_per_position: tuple[int, ...]
+
+    @classmethod
+    def _from_native(cls, d: dict[str, Any]) -> StageStats:
+        gen, acc = int(d["drafts_generated"]), int(d["drafts_accepted"])
+        return cls(
+            method=str(d["method"]),
+            drafts=int(d["drafts"]),
+            drafts_generated=gen,
+            drafts_accepted=acc,
+            acceptance_rate=acc / gen if gen else 0.0,
+            draft_us=float(d["draft_us"]),
+            accepted_per_position=tuple(int(x) for x in d["accepted_per_position"]),
+            drafted_per_position=tuple(int(x) for x in d["drafted_per_position"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class SpecStats:
     """Cumulative statistics of a speculative session (all calls since creation or reset_stats()).
 
-    Every snapshot is internally consistent: the counters were copied together.
+    Every snapshot is internally consistent: the counters (totals and stages) were copied together.
 
     Attributes:
         iterations: verify passes of the target (the prompt pass is not one).
@@ -40,6 +94,8 @@ class SpecStats:
         mean_accepted_length: accepted drafts per verify + 1 (tokens per target pass).
         accepted_per_position: how often draft position i was accepted (length n_draft).
         drafted_per_position: how often a draft reached position i (length n_draft).
+        stages: one StageStats per stage, in the order the stages are tried; their drafts,
+            drafts_generated and drafts_accepted add up to the totals.
     """
 
     iterations: int
@@ -53,6 +109,7 @@ class SpecStats:
     mean_accepted_length: float
     accepted_per_position: tuple[int, ...]
     drafted_per_position: tuple[int, ...]
+    stages: tuple[StageStats, ...] = ()
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SpecStats:
@@ -70,75 +127,252 @@ class SpecStats:
             mean_accepted_length=acc / it + 1.0 if it else 0.0,
             accepted_per_position=tuple(int(x) for x in d["accepted_per_position"]),
             drafted_per_position=tuple(int(x) for x in d["drafted_per_position"]),
+            stages=tuple(StageStats._from_native(sd) for sd in d.get("stages", ())),
         )
 
-    def summary(self, method: str = "draft-mtp") -> str:
-        """A summary in the form of upstream's speculative statistics, built from our counters."""
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The stages' method names, in the order they are tried."""
+        return tuple(st.method for st in self.stages)
+
+    def summary(self, method: str | None = None) -> str:
+        """A summary in the form of upstream's speculative statistics, built from our counters: one
+        line per stage when stages are chained, then the totals.
+
+        Args:
+            method: the label of the totals line (default: the stages' names joined by ",").
+        """
+        label = method if method is not None else (",".join(self.methods) or "speculative")
+        lines = []
+        if len(self.stages) > 1:
+            for st in self.stages:
+                rates = ", ".join(f"{a / st.drafts:.3f}" if st.drafts else "0.000" for a in st.accepted_per_position)
+                mean = st.drafts_accepted / st.drafts + 1.0 if st.drafts else 0.0
+                lines.append(
+                    f"statistics {st.method:>16}: #drafts = {st.drafts}, #gen tokens = {st.drafts_generated}, "
+                    f"#acc tokens = {st.drafts_accepted}, acceptance = {100 * st.acceptance_rate:.2f}%, "
+                    f"#mean acc len = {mean:.2f}, #acc rate/pos = ({rates}), dur(draft) = {st.draft_us / 1e3:.3f} ms"
+                )
         rates = ", ".join(f"{a / self.iterations:.3f}" if self.iterations else "0.000"
                           for a in self.accepted_per_position)
         t = self.timing_us
-        return (
-            f"statistics {method:>16}: #iterations = {self.iterations}, #gen tokens = {self.drafts_generated}, "
+        lines.append(
+            f"statistics {label:>16}: #iterations = {self.iterations}, #gen tokens = {self.drafts_generated}, "
             f"#acc tokens = {self.drafts_accepted}, acceptance = {100 * self.acceptance_rate:.2f}%, "
             f"#mean acc len = {self.mean_accepted_length:.2f}, #acc rate/pos = ({rates}), "
             f"#emitted = {self.tokens_emitted}, {self.tokens_per_second:.2f} tok/s, "
             f"dur(draft,verify,sample,prefill,total) = {t['draft'] / 1e3:.3f}, {t['verify'] / 1e3:.3f}, "
             f"{t['sample'] / 1e3:.3f}, {t['prefill'] / 1e3:.3f}, {t['total'] / 1e3:.3f} ms"
         )
+        return "\n".join(lines)
 
 
-class MTP(_StreamingSession):
-    """Speculative decoding with the model's own Multi-Token-Prediction head as the drafter.
+def _normalize_methods(method: Any) -> list[str]:
+    names = [method] if isinstance(method, str) else method
+    if not isinstance(names, Sequence) or isinstance(names, (bytes, bytearray)) or not names:
+        raise InvalidOptionError(f"method must be a method name or a non-empty list of names, got {method!r}")
+    out: list[str] = []
+    for n in names:
+        if not isinstance(n, str):
+            raise InvalidOptionError(f"method names must be str, got {n!r}")
+        full = METHOD_ALIASES.get(n, n)
+        if full not in METHODS:
+            known = ", ".join(METHODS + tuple(METHOD_ALIASES))
+            raise InvalidOptionError(f"unknown speculative method {n!r}; known: {known}")
+        if full in out:
+            raise InvalidOptionError(f"speculative method {n!r} is given twice")
+        out.append(full)
+    if sum(m in _NEEDS_DRAFT_MODEL or m == "draft-mtp" for m in out) > 1:
+        raise InvalidOptionError(f"at most one model-based method can be chained (got {out}); "
+                                 "chain it with n-gram methods")
+    return out
 
-    Output is identical to plain decoding with the same sampling options (greedy: token for token;
-    seeded sampling: the target draws one sample per emitted token, as plain decoding does), only
-    faster when the drafts are accepted. One generation at a time; every call starts from a clean
-    KV cache and recurrent state; ``stats()`` may be read from any thread at any time.
+
+def _int_option(name: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InvalidOptionError(f"{name} must be an int within [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _ngram_cache_paths(v: Any) -> tuple[str, str]:
+    if isinstance(v, (str, os.PathLike)):
+        return os.fspath(v), ""
+    if isinstance(v, Mapping):
+        unknown = set(v) - {"static", "dynamic"}
+        if unknown or not v:
+            raise InvalidOptionError(f"ngram_cache takes the keys 'static' and 'dynamic', got {sorted(map(str, v))}")
+        paths = []
+        for k in ("static", "dynamic"):
+            p = v.get(k)
+            if p is not None and not isinstance(p, (str, os.PathLike)):
+                raise InvalidOptionError(f"ngram_cache[{k!r}] must be a path, got {p!r}")
+            paths.append(os.fspath(p) if p is not None else "")
+        return paths[0], paths[1]
+    raise InvalidOptionError(f"ngram_cache must be a path or a mapping {{'static': path, 'dynamic': path}}, got {v!r}")
+
+
+class Speculative(_StreamingSession):
+    """Speculative decoding with any drafter upstream llama.cpp implements, alone or chained.
+
+    Methods (upstream names; short forms in brackets):
+
+    * ``draft-mtp`` ("mtp"): the model's own Multi-Token-Prediction head (e.g. Qwen3.5/3.6 "-MTP").
+    * ``draft-simple`` ("draft"): a separate, smaller model with a compatible vocabulary.
+    * ``draft-eagle3`` ("eagle3"), ``draft-dflash`` ("dflash"), ``draft-dspark`` ("dspark"): drafter
+      heads trained for the target, which read its hidden states; pass the drafter file as draft_model.
+    * ``ngram-simple``, ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``:
+      self-speculation from n-grams of the prompt and the generation so far (no drafter model).
+
+    A list chains stages: for each draft, the stages are tried in upstream's order of priority
+    (the n-gram methods first, then the model-based one) and the first that proposes a draft wins;
+    at most one model-based stage. Output is identical to plain decoding with the same sampling
+    options (greedy: token for token; seeded sampling: the target draws one sample per emitted
+    token, as plain decoding does). One generation at a time; every call starts from a clean KV
+    cache and recurrent state (the n-gram stages keep what they learned across calls: ngram-mod's
+    table and the dynamic caches); ``stats()`` may be read from any thread at any time.
 
     Example:
-        >>> model = llamaspec.Model("Qwen3.6-35B-A3B-MTP-Q4_K_M.gguf")
-        >>> with llamaspec.MTP(model, n_draft=3, n_ctx=8192) as mtp:
-        ...     for piece in mtp.stream("Write a haiku about the sea:", max_tokens=200):
-        ...         print(piece, end="")
-        ...     print(mtp.stats().acceptance_rate)
+        >>> target = llamaspec.Model("Qwen3-8B-Q4_K_M.gguf")
+        >>> with llamaspec.Speculative(target, method="draft", draft_model="Qwen3-0.6B-Q8_0.gguf",
+        ...                            n_draft=8, n_ctx=8192) as spec:
+        ...     print(spec.generate("Write a haiku about the sea:", max_tokens=200))
+        ...     print(spec.stats().acceptance_rate)
     """
 
-    def __init__(self, model: Model, *, n_draft: int = 3, n_ctx: int = 2048, **options: Any) -> None:
-        """Build the target context, the MTP draft context and the speculative state.
+    def __init__(
+        self,
+        model: Model,
+        *,
+        method: str | Sequence[str],
+        n_draft: int = 3,
+        n_draft_min: int = 0,
+        p_min: float = 0.0,
+        draft_model: Model | str | os.PathLike[str] | None = None,
+        draft_options: Mapping[str, Any] | None = None,
+        ngram_cache: str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]] | None = None,
+        ngram_options: Mapping[str, int] | None = None,
+        n_ctx: int = 2048,
+        **options: Any,
+    ) -> None:
+        """Check the configuration, load the draft model if given as a path, and build the target
+        context, the draft context (model-based methods) and the speculative state.
 
         Args:
-            model: a model whose file carries MTP layers, loaded with ``load_mtp=True`` (the default).
-            n_draft: maximum draft tokens per verify (>= 1).
-            n_ctx: context size for both contexts.
+            model: the target model. For "mtp" it must carry MTP layers and be loaded with
+                ``load_mtp=True`` (the default).
+            method: a method name or a list of names (chained stages); see the class docstring.
+            n_draft: maximum draft tokens per verify, for every stage (>= 1). It also sets how far
+                the target's recurrent state can be rolled back (hybrid models).
+            n_draft_min: drafts shorter than this are dropped (draft models and ngram-mod), in
+                [0, n_draft].
+            p_min: draft models stop drafting at a token whose probability is below this, in [0, 1].
+            draft_model: the drafter for "draft", "eagle3", "dflash" and "dspark": a path (loaded
+                here with ``draft_options``, closed with the session) or a loaded Model.
+            draft_options: Model options for loading ``draft_model`` from a path (e.g.
+                ``n_gpu_layers``); an error with a loaded Model.
+            ngram_cache: for "ngram-cache": the static cache file (a path, see ngram_cache_create)
+                or ``{"static": path, "dynamic": path}`` (llama-lookup's file format).
+            ngram_options: n-gram tuning: "size_n" (key length of ngram-simple / -map-k / -map-k4v,
+                default 12), "min_hits" (ngram-map-k / -k4v, default 1), "n_match" (ngram-mod,
+                default 24).
+            n_ctx: context size for the target and the draft context.
             **options: other context options (see Context), applied to both contexts.
 
         Raises:
-            InvalidOptionError: n_draft is not an int >= 1, or an option value is invalid.
-            TypeError: an unknown option.
-            UnsupportedModelError: the model has no MTP layers, or was loaded with load_mtp=False.
+            InvalidOptionError: an unknown method, a bad combination or value (n_draft, n_draft_min,
+                p_min, draft_options with a loaded Model, draft_model with a method that uses none,
+                ngram options, an unreadable or malformed ngram cache file).
+            DraftModelRequiredError: the method needs a draft_model and none was given.
+            IncompatibleVocabError: the draft model's vocabulary does not match the target's.
+            UnsupportedModelError: the target has no MTP layers (for "mtp"), or the drafter file is
+                not of the method's architecture, or a recurrent model cannot be rolled back.
+            ModelLoadError: draft_model is a path that cannot be loaded.
+            TypeError: an unknown context option.
         """
         self._init_session()
         self._model = model
-        if isinstance(n_draft, bool) or not isinstance(n_draft, int) or n_draft < 1:
-            raise InvalidOptionError(f"n_draft must be an int >= 1, got {n_draft!r}")
+        self._owned_draft: Model | None = None
+        methods = _normalize_methods(method)
+        n_draft = _int_option("n_draft", n_draft, 1, 1 << 12)
+        n_draft_min = _int_option("n_draft_min", n_draft_min, 0, n_draft)
+        if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
+            raise InvalidOptionError(f"p_min must be a number within [0, 1], got {p_min!r}")
+        config: dict[str, Any] = {"methods": methods, "n_draft": n_draft, "n_draft_min": n_draft_min,
+                                  "p_min": float(p_min)}
+        if ngram_options is not None:
+            if not isinstance(ngram_options, Mapping):
+                raise InvalidOptionError(f"ngram_options must be a mapping, got {ngram_options!r}")
+            if not any(m.startswith("ngram-") for m in methods):
+                raise InvalidOptionError("ngram_options is only used by the ngram-* methods")
+            for k, v in ngram_options.items():
+                if k not in _NGRAM_OPTIONS:
+                    raise InvalidOptionError(f"unknown ngram option {k!r}; known: {', '.join(_NGRAM_OPTIONS)}")
+                lo, hi = _NGRAM_OPTIONS[k]
+                config["ngram_mod_n_match" if k == "n_match" else f"ngram_{k}"] = _int_option(k, v, lo, hi)
+        if ngram_cache is not None:
+            if "ngram-cache" not in methods:
+                raise InvalidOptionError("ngram_cache is only used by the ngram-cache method")
+            config["ngram_cache_static"], config["ngram_cache_dynamic"] = _ngram_cache_paths(ngram_cache)
+
+        needs_draft = any(m in _NEEDS_DRAFT_MODEL for m in methods)
+        if draft_options is not None and not isinstance(draft_options, Mapping):
+            raise InvalidOptionError(f"draft_options must be a mapping, got {draft_options!r}")
+        if draft_model is None:
+            if needs_draft:
+                which = next(m for m in methods if m in _NEEDS_DRAFT_MODEL)
+                raise DraftModelRequiredError(f"method {which!r} drafts with a separate model: pass draft_model")
+            if draft_options is not None:
+                raise InvalidOptionError("draft_options is only used when draft_model is a path")
+        elif not needs_draft:
+            raise InvalidOptionError("draft_model is only used by draft-simple, draft-eagle3, draft-dflash and "
+                                     f"draft-dspark (methods: {methods})")
         opts = context_options({"n_ctx": n_ctx, **options})
         native_model = model._require()
-        if model.n_layer_nextn <= 0:
+        if "draft-mtp" in methods and model.n_layer_nextn <= 0:
             raise UnsupportedModelError(
                 f"'{model.path}' has no MTP layers (nextn_predict_layers is 0 or absent in the file); "
                 "MTP needs a GGUF that carries an MTP head (e.g. a Qwen3.5/3.6 '-MTP' quant)",
                 path=model.path,
             )
+        if isinstance(draft_model, Model):
+            if draft_options is not None:
+                raise InvalidOptionError("draft_options applies to loading draft_model from a path; "
+                                         "this draft_model is already loaded")
+            dm: Model | None = draft_model
+        elif draft_model is not None:
+            if not isinstance(draft_model, (str, os.PathLike)):
+                raise InvalidOptionError(f"draft_model must be a Model or a path, got {draft_model!r}")
+            dm = self._owned_draft = Model(draft_model, **dict(draft_options or {}))
+        else:
+            dm = None
         sync_log_level()
-        self._native: _native.SpecSession | None = _native.SpecSession.create_mtp(native_model, opts, n_draft)
+        try:
+            self._native: _native.SpecSession | None = _native.SpecSession.create(
+                native_model, opts, config, dm._require() if dm is not None else None)
+        except BaseException:
+            if self._owned_draft is not None:
+                self._owned_draft.close()
+            raise
         self._engine = self._native
+        self._draft_model = dm
         self._n_draft = n_draft
+        self._methods = tuple(self._native.methods)
         self._context = Context._from_native(model, self._native.target, opts)
 
     @property
     def n_draft(self) -> int:
         """Maximum draft tokens per verify."""
         return self._n_draft
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The stages (upstream names), in the order they are tried for each draft."""
+        return self._methods
+
+    @property
+    def draft_model(self) -> Model | None:
+        """The draft model (model-based methods other than MTP), else None."""
+        return self._draft_model
 
     # -- streaming with periodic statistics ---------------------------------------------------------
 
@@ -193,11 +427,12 @@ class MTP(_StreamingSession):
     def _require(self) -> _native.SpecSession:
         native = self._native
         if native is None:
-            raise ClosedError("this MTP session is closed")
+            raise ClosedError(f"this {type(self).__name__} session is closed")
         return native
 
     def stats(self) -> SpecStats:
-        """Cumulative statistics; readable from any thread, also mid-stream, without blocking it.
+        """Cumulative statistics, with one StageStats per stage; readable from any thread, also
+        mid-stream, without blocking it.
 
         Raises:
             ClosedError: the session is closed.
@@ -213,18 +448,80 @@ class MTP(_StreamingSession):
         self._require().reset_stats()
 
     def print_stats(self) -> str:
-        """Log (logger "llamaspec", INFO) and return a summary in the form of upstream's."""
+        """Log (logger "llamaspec", INFO) and return a summary in the form of upstream's.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
         text = self.stats().summary()
         logger.info("%s", text)
         return text
 
     def close(self) -> None:
-        """Stop a running generation and free both contexts. Idempotent."""
+        """Stop a running generation, free the contexts and a draft model loaded from a path. Idempotent."""
         self._native = None  # a still-running worker keeps what it needs until it has stopped
         super().close()
+        if self._owned_draft is not None:
+            self._owned_draft.close()  # the native draft context keeps the weights until it is gone
 
     def __repr__(self) -> str:
-        return f"<llamaspec.MTP n_draft={self._n_draft} model={self._model!r}>"
+        return f"<llamaspec.{type(self).__name__} methods={list(self._methods)} n_draft={self._n_draft} model={self._model!r}>"
+
+
+class MTP(Speculative):
+    """Speculative decoding with the model's own Multi-Token-Prediction head as the drafter:
+    ``Speculative(model, method="mtp", ...)``.
+
+    Example:
+        >>> model = llamaspec.Model("Qwen3.6-35B-A3B-MTP-Q4_K_M.gguf")
+        >>> with llamaspec.MTP(model, n_draft=3, n_ctx=8192) as mtp:
+        ...     for piece in mtp.stream("Write a haiku about the sea:", max_tokens=200):
+        ...         print(piece, end="")
+        ...     print(mtp.stats().acceptance_rate)
+    """
+
+    def __init__(self, model: Model, *, n_draft: int = 3, n_ctx: int = 2048, **options: Any) -> None:
+        """Build the target context, the MTP draft context and the speculative state.
+
+        Args:
+            model: a model whose file carries MTP layers, loaded with ``load_mtp=True`` (the default).
+            n_draft: maximum draft tokens per verify (>= 1).
+            n_ctx: context size for both contexts.
+            **options: other context options (see Context), applied to both contexts, and
+                Speculative's n_draft_min / p_min.
+
+        Raises:
+            InvalidOptionError: n_draft is not an int >= 1, or an option value is invalid.
+            TypeError: an unknown option.
+            UnsupportedModelError: the model has no MTP layers, or was loaded with load_mtp=False.
+        """
+        if "method" in options:
+            raise TypeError("MTP() takes no 'method' (use Speculative for other methods)")
+        super().__init__(model, method="mtp", n_draft=n_draft, n_ctx=n_ctx, **options)
+
+
+def ngram_cache_create(model: Model, text: str | Sequence[int], path: str | os.PathLike[str]) -> int:
+    """Write a static n-gram cache for ``Speculative(method="ngram-cache", ngram_cache=path)``, in
+    the format of upstream's llama-lookup-create (2-grams of the tokenized text).
+
+    Args:
+        model: the model whose tokenizer the cache is for.
+        text: a corpus typical of what will be generated (text, or token ids).
+        path: the file to write.
+
+    Returns:
+        The number of tokens the cache was built from.
+
+    Raises:
+        InvalidOptionError: a token id outside the vocabulary.
+        LlamaspecError: the file cannot be written.
+    """
+    tokens = model.tokenize(text, add_special=False) if isinstance(text, str) else [int(t) for t in text]
+    n_vocab = model.n_vocab
+    if any(not 0 <= t < n_vocab for t in tokens):
+        raise InvalidOptionError("a token id is outside the model's vocabulary")
+    _native.ngram_cache_create(tokens, os.fspath(path))
+    return len(tokens)
 
 
 def _check_every(v: Any) -> int:

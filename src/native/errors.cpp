@@ -18,6 +18,8 @@ const char * error_class_name(ErrorKind kind) {
         case ErrorKind::ChatTemplate:     return "ChatTemplateError";
         case ErrorKind::Decode:           return "DecodeError";
         case ErrorKind::Closed:           return "ClosedError";
+        case ErrorKind::IncompatibleVocab:  return "IncompatibleVocabError";
+        case ErrorKind::DraftModelRequired: return "DraftModelRequiredError";
     }
     return "LlamaspecError";
 }

@@ -21,7 +21,9 @@ enum class ErrorKind {
     Grammar,          // GrammarError
     ChatTemplate,     // ChatTemplateError
     Decode,           // DecodeError
-    Closed,           // ClosedError
+    Closed,             // ClosedError
+    IncompatibleVocab,  // IncompatibleVocabError
+    DraftModelRequired, // DraftModelRequiredError
 };
 
 // A C++ exception that carries what the Python exception needs: its class, a message, llama.cpp's

@@ -1,12 +1,19 @@
-// Speculative generation (MTP) through upstream common_speculative, and its Python binding.
+// Speculative generation through upstream common_speculative (every drafter, chained), and its Python binding.
 #include "spec_session.h"
 
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
 #include "dict_util.h"
 #include "logging.h"
+#include "ngram-cache.h"  // common
+#include "ggml-cpp.h"
+#include "gguf.h"
 
 namespace nb = nanobind;
 
@@ -14,6 +21,21 @@ namespace llamaspec {
 
 // ---------------------------------------------------------------------------------------------------
 // counters
+
+namespace {
+void add_vec(std::vector<uint64_t> & a, const std::vector<uint64_t> & b) {
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) a[i] += b[i];
+}
+}  // namespace
+
+void StageCounters::add(const StageCounters & o) {
+    drafts += o.drafts;
+    drafts_generated += o.drafts_generated;
+    drafts_accepted += o.drafts_accepted;
+    draft_us += o.draft_us;
+    add_vec(drafted_per_position, o.drafted_per_position);
+    add_vec(accepted_per_position, o.accepted_per_position);
+}
 
 void SpecCounters::add(const SpecCounters & o) {
     iterations += o.iterations;
@@ -27,14 +49,13 @@ void SpecCounters::add(const SpecCounters & o) {
     sample_us += o.sample_us;
     prefill_us += o.prefill_us;
     total_us += o.total_us;
-    for (size_t i = 0; i < drafted_per_position.size() && i < o.drafted_per_position.size(); ++i) {
-        drafted_per_position[i] += o.drafted_per_position[i];
-        accepted_per_position[i] += o.accepted_per_position[i];
-    }
+    add_vec(drafted_per_position, o.drafted_per_position);
+    add_vec(accepted_per_position, o.accepted_per_position);
+    for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) stages[i].add(o.stages[i]);
 }
 
 void SpecCounters::clear() {
-    SpecCounters fresh(drafted_per_position.size());
+    SpecCounters fresh(drafted_per_position.size(), stages.size());
     *this = std::move(fresh);
 }
 
@@ -63,52 +84,344 @@ void SpecStatsBox::reset() {
 }
 
 // ---------------------------------------------------------------------------------------------------
+// checks made before upstream sees the configuration (upstream answers several of these with an abort)
+
+namespace {
+
+bool is_model_drafter(common_speculative_type t) {
+    switch (t) {
+        case COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE:
+        case COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3:
+        case COMMON_SPECULATIVE_TYPE_DRAFT_MTP:
+        case COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH:
+        case COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK:
+            return true;
+        default:
+            return false;
+    }
+}
+
+std::string model_arch(const Model & m) { return m.meta("general.architecture"); }
+
+// DSpark is a DFlash file with a Markov head; upstream tells them apart by its tensor in the GGUF.
+bool is_dspark_file(const Model & m) {
+    const auto types = common_speculative_types_from_gguf(m.path());
+    return types.size() == 1 && types[0] == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK;
+}
+
+// The same rules as upstream's common_speculative_are_compatible, but the first mismatch is named.
+void check_vocab_compatible(const Model & tgt, const Model & dft) {
+    const llama_vocab * vt = tgt.vocab();
+    const llama_vocab * vd = dft.vocab();
+    auto fail = [&](const std::string & why) {
+        throw Error(ErrorKind::IncompatibleVocab,
+                    "the draft model '" + dft.path() + "' cannot draft for '" + tgt.path() + "': " + why, 0, false,
+                    dft.path());
+    };
+    if (llama_vocab_type(vt) != llama_vocab_type(vd)) {
+        fail("the tokenizer types differ (" + std::to_string(llama_vocab_type(vd)) + " vs the target's " +
+             std::to_string(llama_vocab_type(vt)) + ")");
+    }
+    if (llama_vocab_get_add_bos(vt) != llama_vocab_get_add_bos(vd) ||
+        (llama_vocab_get_add_bos(vt) && llama_vocab_bos(vt) != llama_vocab_bos(vd))) {
+        fail("the BOS token settings differ");
+    }
+    if (llama_vocab_get_add_eos(vt) != llama_vocab_get_add_eos(vd) ||
+        (llama_vocab_get_add_eos(vt) && llama_vocab_eos(vt) != llama_vocab_eos(vd))) {
+        fail("the EOS token settings differ");
+    }
+    const int nt = llama_vocab_n_tokens(vt), nd = llama_vocab_n_tokens(vd);
+    if (std::abs(nt - nd) > 128) {
+        fail("the vocabulary sizes differ by more than 128 (" + std::to_string(nd) + " vs the target's " +
+             std::to_string(nt) + ")");
+    }
+    for (int i = 5; i < std::min(nt, nd); ++i) {  // upstream skips the first 5 (special) tokens
+        if (std::strcmp(llama_vocab_get_text(vt, i), llama_vocab_get_text(vd, i)) != 0) {
+            fail("token " + std::to_string(i) + " differs ('" + llama_vocab_get_text(vd, i) + "' vs the target's '" +
+                 llama_vocab_get_text(vt, i) + "')");
+        }
+    }
+}
+
+// A drafter file must be of the architecture its method runs (upstream would assert or misbehave).
+void check_drafter_arch(common_speculative_type t, const Model & dft) {
+    const std::string arch = model_arch(dft);
+    auto fail = [&](const std::string & why) {
+        throw Error(ErrorKind::UnsupportedModel,
+                    "'" + dft.path() + "' (architecture '" + arch + "') " + why, 0, false, dft.path());
+    };
+    switch (t) {
+        case COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE:
+            if (arch == "eagle3" || arch == "dflash") {
+                fail("is a drafter head that reads the target's hidden states, not a standalone model; use method='" +
+                     std::string(arch == "eagle3" ? "eagle3" : "dflash or dspark") + "'");
+            }
+            break;
+        case COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3:
+            if (arch != "eagle3") fail("is not an EAGLE-3 drafter (architecture 'eagle3' expected)");
+            break;
+        case COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH:
+            if (arch != "dflash") fail("is not a DFlash drafter (architecture 'dflash' expected)");
+            break;
+        case COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK:
+            if (arch != "dflash" || !is_dspark_file(dft)) {
+                fail("is not a DSpark drafter (architecture 'dflash' with a Markov head, markov_w1, expected)");
+            }
+            break;
+        default:
+            break;
+    }
+}
+
+// A drafter head (EAGLE-3, DFlash, DSpark) reads the target's hidden states at given layers; a
+// mismatch between the two files makes llama.cpp abort (GGML_ASSERT/GGML_ABORT) during init or at
+// the first decode, so the contract is checked here from the drafter's GGUF metadata.
+void check_drafter_head(common_speculative_type t, const Model & tgt, const Model & dft) {
+    if (t != COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 && t != COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH &&
+        t != COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) {
+        return;
+    }
+    const std::string arch = model_arch(dft);
+    auto fail = [&](const std::string & why) {
+        throw Error(ErrorKind::UnsupportedModel,
+                    "the drafter '" + dft.path() + "' does not fit the target '" + tgt.path() + "': " + why, 0, false,
+                    dft.path());
+    };
+    gguf_init_params gp = {/* .no_alloc = */ true, /* .ctx = */ nullptr};
+    gguf_context_ptr g(gguf_init_from_file(dft.path().c_str(), gp));
+    if (!g) fail("its GGUF metadata cannot be read");
+    const int32_t n_layer_tgt = llama_model_n_layer(tgt.get());
+    const int32_t n_embd_tgt = llama_model_n_embd(tgt.get());
+    const int32_t n_embd_dft = llama_model_n_embd(dft.get());
+    auto u32_key = [&](const std::string & key, int64_t & out) {
+        const int64_t id = gguf_find_key(g.get(), key.c_str());
+        if (id < 0) return false;
+        switch (gguf_get_kv_type(g.get(), id)) {
+            case GGUF_TYPE_UINT32: out = gguf_get_val_u32(g.get(), id); return true;
+            case GGUF_TYPE_INT32: out = gguf_get_val_i32(g.get(), id); return true;
+            default: return false;
+        }
+    };
+
+    // the target layers it reads (the loader has required the key and its length)
+    std::vector<int64_t> layers;
+    const int64_t id = gguf_find_key(g.get(), (arch + ".target_layers").c_str());
+    if (id >= 0 && gguf_get_kv_type(g.get(), id) == GGUF_TYPE_ARRAY) {
+        const size_t n = gguf_get_arr_n(g.get(), id);
+        const enum gguf_type at = gguf_get_arr_type(g.get(), id);
+        const void * data = gguf_get_arr_data(g.get(), id);
+        for (size_t i = 0; i < n; ++i) {
+            if (at == GGUF_TYPE_INT32) layers.push_back(((const int32_t *) data)[i]);
+            else if (at == GGUF_TYPE_UINT32) layers.push_back(((const uint32_t *) data)[i]);
+        }
+    }
+    if (layers.empty()) fail("it names no target layers (" + arch + ".target_layers)");
+    // EAGLE-3 may read layer n_layer (the target's final hidden state); DFlash reads layer inputs
+    const int64_t max_layer = t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 ? n_layer_tgt : n_layer_tgt - 1;
+    for (int64_t il : layers) {
+        if (il < 0 || il > max_layer) {
+            fail("it reads target layer " + std::to_string(il) + " but the target has " + std::to_string(n_layer_tgt) +
+                 " layers (it was made for another model)");
+        }
+    }
+
+    if (t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) {
+        int64_t hidden = 0;
+        if (!u32_key("eagle3.target_hidden_size", hidden) || hidden != n_embd_tgt) {
+            fail("it expects target hidden states of width " + std::to_string(hidden) + ", the target's are " +
+                 std::to_string(n_embd_tgt));
+        }
+        if (gguf_find_tensor(g.get(), "token_embd.weight") < 0 && n_embd_dft != n_embd_tgt) {
+            fail("it borrows the target's token embeddings (it has none) but its width " + std::to_string(n_embd_dft) +
+                 " differs from the target's " + std::to_string(n_embd_tgt));
+        }
+    } else {
+        if (n_embd_dft != n_embd_tgt) {
+            fail("its width " + std::to_string(n_embd_dft) + " differs from the target's " + std::to_string(n_embd_tgt));
+        }
+        int64_t mask = -1;
+        if (!u32_key("tokenizer.ggml.mask_token_id", mask) || mask < 0 || mask >= dft.n_vocab()) {
+            fail("it has no valid mask token (tokenizer.ggml.mask_token_id)");
+        }
+        int64_t block = 0;
+        if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK && !u32_key("dflash.block_size", block)) {
+            fail("a DSpark drafter needs dflash.block_size");
+        }
+    }
+}
+
+// upstream's common_ngram_cache_load asserts (aborts) on a malformed file: walk it first.
+void check_ngram_cache_file(const std::string & path, const Model & tgt, const char * which) {
+    std::ifstream f(path, std::ios::binary);
+    auto fail = [&](const std::string & why) {
+        throw Error(ErrorKind::InvalidOption, std::string("ngram_cache ") + which + " file '" + path + "' " + why, 0,
+                    false, path);
+    };
+    if (!f) fail("cannot be opened");
+    const int32_t n_vocab = tgt.n_vocab();
+    common_ngram ngram;
+    while (f.read(reinterpret_cast<char *>(&ngram), sizeof(ngram))) {
+        int32_t n = 0;
+        if (!f.read(reinterpret_cast<char *>(&n), sizeof(n)) || n <= 0) fail("is not an n-gram cache (bad entry)");
+        for (int32_t i = 0; i < n; ++i) {
+            int32_t pair[2];
+            if (!f.read(reinterpret_cast<char *>(pair), sizeof(pair))) fail("is truncated");
+            if (pair[0] < 0 || pair[0] >= n_vocab || pair[1] <= 0) {
+                fail("holds token " + std::to_string(pair[0]) + " outside this model's vocabulary (or a bad count)");
+            }
+        }
+    }
+    if (f.gcount() != 0) fail("is truncated");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
 // session
 
-std::shared_ptr<SpecSession> SpecSession::create_mtp(std::shared_ptr<Model> model, llama_context_params params,
-                                                     int32_t n_draft) {
+std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, llama_context_params params,
+                                                 SpecConfig config, std::shared_ptr<Model> draft_model) {
+    const int32_t n_draft = config.n_draft;
     if (n_draft < 1) throw Error(ErrorKind::InvalidOption, "n_draft must be >= 1");
-    auto core = std::make_shared<SpecCore>((size_t) n_draft);
-    core->n_draft = n_draft;
-    core->methods = {"draft-mtp"};
+    if (config.n_draft_min < 0 || config.n_draft_min > n_draft) {
+        throw Error(ErrorKind::InvalidOption, "n_draft_min must be within [0, n_draft]");
+    }
+    if (config.methods.empty()) throw Error(ErrorKind::InvalidOption, "no speculative method given");
+
+    // methods -> upstream types; at most one stage drafts with a model (they would share ctx_dft)
+    std::vector<common_speculative_type> types;
+    common_speculative_type model_type = COMMON_SPECULATIVE_TYPE_NONE;
+    for (const std::string & name : config.methods) {
+        const common_speculative_type t = common_speculative_type_from_name(name);
+        if (t == COMMON_SPECULATIVE_TYPE_COUNT || t == COMMON_SPECULATIVE_TYPE_NONE) {
+            throw Error(ErrorKind::InvalidOption, "unknown speculative method '" + name + "' (known: " +
+                                                      common_speculative_all_types_str() + ")");
+        }
+        if (std::find(types.begin(), types.end(), t) != types.end()) {
+            throw Error(ErrorKind::InvalidOption, "speculative method '" + name + "' is given twice");
+        }
+        if (is_model_drafter(t)) {
+            if (model_type != COMMON_SPECULATIVE_TYPE_NONE) {
+                throw Error(ErrorKind::InvalidOption,
+                            "at most one model-based method can be chained (got '" +
+                                common_speculative_type_to_str(model_type) + "' and '" + name +
+                                "'); chain it with n-gram methods");
+            }
+            model_type = t;
+        }
+        types.push_back(t);
+    }
+
+    // the drafter's model
+    const bool needs_draft_model = model_type != COMMON_SPECULATIVE_TYPE_NONE && model_type != COMMON_SPECULATIVE_TYPE_DRAFT_MTP;
+    if (needs_draft_model && !draft_model) {
+        throw Error(ErrorKind::DraftModelRequired,
+                    "method '" + common_speculative_type_to_str(model_type) + "' drafts with a separate model: pass draft_model");
+    }
+    if (!needs_draft_model && draft_model) {
+        throw Error(ErrorKind::InvalidOption,
+                    "draft_model is only used by draft-simple, draft-eagle3, draft-dflash and draft-dspark");
+    }
+    if (draft_model) {
+        if (draft_model->vocab_only()) {
+            throw Error(ErrorKind::InvalidOption, "the draft model '" + draft_model->path() +
+                                                      "' was loaded with vocab_only=True and cannot draft");
+        }
+        check_drafter_arch(model_type, *draft_model);
+        check_drafter_head(model_type, *model, *draft_model);
+        if (model_type == COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) check_vocab_compatible(*model, *draft_model);
+    }
+    if (model_type == COMMON_SPECULATIVE_TYPE_DRAFT_MTP && (llama_model_n_layer_nextn(model->get()) <= 0 || !model->mtp_loaded())) {
+        llama_context_params dp = params;
+        dp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+        Context::create(model, dp);  // throws the precise UnsupportedModel error
+    }
+    if (!config.ngram_cache_static.empty()) check_ngram_cache_file(config.ngram_cache_static, *model, "static");
+    if (!config.ngram_cache_dynamic.empty()) check_ngram_cache_file(config.ngram_cache_dynamic, *model, "dynamic");
+
+    auto core = std::make_shared<SpecCore>();
+    core->config = config;
 
     // target: keep n_draft recurrent-state snapshots per sequence (rollback of rejected drafts on
-    // hybrid models) and room for 1 + n_draft output rows per verify
+    // recurrent/hybrid models) and room for 1 + n_draft output rows per verify
     const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, 1, n_draft);
     llama_context_params tp = params;
     tp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
     tp.n_rs_seq = (uint32_t) n_draft;
     tp.n_outputs_max = (uint32_t) limits.total;
     tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
-
-    // the MTP draft context: same model, same size, built against the target, no snapshots
-    llama_context_params dp = params;
-    dp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
-    dp.n_rs_seq = 0;
-
-    // check the model before anything can abort (Context::create checks MTP layers for the draft)
-    if (llama_model_n_layer_nextn(model->get()) <= 0 || !model->mtp_loaded()) {
-        Context::create(model, dp);  // throws the precise UnsupportedModel error
-    }
     core->tgt = Context::create(model, tp);
-    dp.n_ctx = core->tgt->n_ctx();
-    core->dft = Context::create(model, dp, core->tgt);
+    auto needs_rollback = [](const Model & m) {
+        return llama_model_is_recurrent(m.get()) || llama_model_is_hybrid(m.get());
+    };
+    if (needs_rollback(*model) && llama_n_rs_seq(core->tgt->get()) == 0) {
+        throw Error(ErrorKind::UnsupportedModel,
+                    "'" + model->path() + "' is a recurrent model whose state llama.cpp cannot roll back, so rejected "
+                    "drafts cannot be undone: speculative decoding is not supported for it", 0, false, model->path());
+    }
+
+    // the draft context: same size as the target, built against it
+    if (model_type != COMMON_SPECULATIVE_TYPE_NONE) {
+        llama_context_params dp = params;
+        dp.n_ctx = core->tgt->n_ctx();
+        dp.n_rs_seq = 0;
+        dp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
+        std::shared_ptr<Model> dm = draft_model;
+        if (model_type == COMMON_SPECULATIVE_TYPE_DRAFT_MTP) {
+            dp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
+            dm = model;
+        } else {
+            // DFlash/DSpark sample a whole block of drafts on the backend: room for 1 + n_draft rows
+            // (with fewer, every draft comes back empty, silently)
+            dp.n_outputs_max = (uint32_t) limits.total;
+            dp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
+            if (needs_rollback(*dm)) dp.n_rs_seq = (uint32_t) n_draft + 1;  // it rolls back its own drafts too
+        }
+        core->dft = Context::create(dm, dp, core->tgt);
+        if (model_type != COMMON_SPECULATIVE_TYPE_DRAFT_MTP && needs_rollback(*dm) && llama_n_rs_seq(core->dft->get()) == 0) {
+            throw Error(ErrorKind::UnsupportedModel,
+                        "the draft model '" + dm->path() + "' is recurrent and llama.cpp cannot roll its state back",
+                        0, false, dm->path());
+        }
+    }
 
     common_params_speculative sp;
-    sp.types = {COMMON_SPECULATIVE_TYPE_DRAFT_MTP};
+    sp.types = types;
     sp.draft.n_max = n_draft;
-    sp.draft.n_min = 0;
+    sp.draft.n_min = config.n_draft_min;
+    sp.draft.p_min = config.p_min;
     sp.draft.ctx_tgt = core->tgt->get();
-    sp.draft.ctx_dft = core->dft->get();
+    sp.draft.ctx_dft = core->dft ? core->dft->get() : nullptr;
+    for (auto * ng : {&sp.ngram_simple, &sp.ngram_map_k, &sp.ngram_map_k4v}) {
+        ng->size_n = (uint16_t) config.ngram_size_n;
+        ng->size_m = (uint16_t) n_draft;
+        ng->min_hits = (uint16_t) config.ngram_min_hits;
+    }
+    sp.ngram_mod.n_match = config.ngram_mod_n_match;
+    sp.ngram_mod.n_max = n_draft;
+    sp.ngram_mod.n_min = config.n_draft_min;
+    sp.ngram_cache.lookup_cache_static = config.ngram_cache_static;
+    sp.ngram_cache.lookup_cache_dynamic = config.ngram_cache_dynamic;
     {
         LogCapture capture;
-        // must run before the first target decode: it switches on the target's hidden-row output
-        common_speculative * spec = common_speculative_init(sp, 1);
+        common_speculative * spec = nullptr;
+        try {
+            // must run before the first target decode: it switches on the target's hidden-row output
+            spec = common_speculative_init(sp, 1);
+        } catch (const std::exception & e) {
+            const bool vocab = std::string(e.what()).find("vocab") != std::string::npos;
+            throw Error(vocab ? ErrorKind::IncompatibleVocab : ErrorKind::UnsupportedModel,
+                        std::string("speculative decoding could not be set up: ") + e.what(), 0, false,
+                        draft_model ? draft_model->path() : model->path());
+        }
         if (spec == nullptr) {
-            throw Error(ErrorKind::Generic, "common_speculative_init failed for MTP: " + capture.summary());
+            throw Error(ErrorKind::Generic, "common_speculative_init failed: " + capture.summary());
         }
         core->spec.reset(spec);
     }
+    for (const auto & st : common_speculative_get_impl_stats(core->spec.get())) core->stage_types.push_back(st.type);
+    core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size());
+
     auto s = std::shared_ptr<SpecSession>(new SpecSession());
     s->core_ = std::move(core);
     return s;
@@ -116,6 +429,17 @@ std::shared_ptr<SpecSession> SpecSession::create_mtp(std::shared_ptr<Model> mode
 
 std::shared_ptr<Run> SpecSession::start(GenRequest req) {
     return start_run<SpecRun>(*core_->tgt, busy_, std::move(req), "session", core_);
+}
+
+void ngram_cache_create(const std::vector<llama_token> & tokens, const std::string & path) {
+    common_ngram_cache cache;
+    std::vector<llama_token> inp(tokens);
+    common_ngram_cache_update(cache, LLAMA_NGRAM_STATIC, LLAMA_NGRAM_STATIC, inp, (int) inp.size(), false);
+    {
+        std::ofstream probe(path, std::ios::binary);
+        if (!probe) throw Error(ErrorKind::Generic, "cannot write the n-gram cache file '" + path + "'", 0, false, path);
+    }
+    common_ngram_cache_save(cache, path);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -127,25 +451,39 @@ SpecRun::SpecRun(std::shared_ptr<SpecCore> core, std::shared_ptr<std::atomic<boo
 
 void SpecRun::cancel() {
     Run::cancel();
-    core_->dft->request_abort();
+    if (core_->dft) core_->dft->request_abort();
 }
 
 namespace {
 double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
+
+// Per-stage time inside draft(): upstream's own counters, read around each draft call.
+void add_stage_draft_time(const common_speculative * spec, std::vector<int64_t> & last, SpecCounters & delta) {
+    const auto now = common_speculative_get_impl_stats(spec);
+    for (size_t i = 0; i < now.size() && i < delta.stages.size(); ++i) {
+        if (i < last.size()) delta.stages[i].draft_us += (double) (now[i].t_draft_us - last[i]);
+    }
+    last.resize(now.size());
+    for (size_t i = 0; i < now.size(); ++i) last[i] = now[i].t_draft_us;
+}
 }  // namespace
 
 void SpecRun::work() {
     SpecCore & core = *core_;
     llama_context * ctx_tgt = core.tgt->get();
-    llama_context * ctx_dft = core.dft->get();
+    llama_context * ctx_dft = core.dft ? core.dft->get() : nullptr;
     common_speculative * spec = core.spec.get();
     const llama_vocab * vocab = core.tgt->model()->vocab();
     const llama_seq_id seq = 0;
+    const int32_t n_draft = core.config.n_draft;
+    const size_t n_stages = core.stage_types.size();
     GenStats & stats = stats_;
     TokenEmitter emitter(vocab, queue_, req_.stop);
-    SpecCounters delta(core.n_draft);  // folded into the session's stats as we go
-    SpecCounters call(core.n_draft);   // this call's figures, for Done
-    core.dft->clear_abort();
+    SpecCounters delta((size_t) n_draft, n_stages);  // folded into the session's stats as we go
+    SpecCounters call((size_t) n_draft, n_stages);   // this call's figures, for Done
+    std::vector<int64_t> stage_t_draft;              // upstream's per-stage draft time, last reading
+    add_stage_draft_time(spec, stage_t_draft, delta);
+    if (core.dft) core.dft->clear_abort();
 
     auto done = [&](const char * reason) {
         delta.total_us += us_since(t_start_);
@@ -153,16 +491,20 @@ void SpecRun::work() {
             delta.rate_tokens += stats.tokens - 1;
             delta.window_s += stats.generation_s;
         }
-        core.stats.fold(delta);
+        core.stats->fold(delta);
         finish(stats, reason,
                {{"iterations", (double) call.iterations},
                 {"drafts_generated", (double) call.drafts_generated},
                 {"drafts_accepted", (double) call.drafts_accepted}});
     };
+    auto drafter_failed = [&](const char * what) {
+        throw Error(ErrorKind::Generic, std::string("the drafter (") +
+                                            common_speculative_type_name_str(core.stage_types) + ") failed to process " + what);
+    };
 
     // a fresh start for every call: both caches and the recurrent state
     core.tgt->clear_memory();
-    core.dft->clear_memory();
+    if (core.dft) core.dft->clear_memory();
 
     // prefill: every prompt token but the last, in n_batch chunks, each fed to the drafter
     const Clock::time_point t_prefill = Clock::now();
@@ -187,7 +529,7 @@ void SpecRun::work() {
                 done("cancelled");
                 return;
             }
-            throw Error(ErrorKind::Generic, "the MTP drafter failed to process the prompt");
+            drafter_failed("the prompt");
         }
     }
     for (llama_token t : prompt) common_sampler_accept(smpl_.get(), t, false);
@@ -212,21 +554,33 @@ void SpecRun::work() {
         }
         // draft: never more than the tokens still wanted after the one the verify yields anyway
         const int32_t remaining = req_.max_tokens - stats.tokens;
-        const int32_t n_max = std::max(0, std::min({core.n_draft, remaining - 1, n_ctx - (int32_t) n_past - 2}));
+        const int32_t n_max = std::max(0, std::min({n_draft, remaining - 1, n_ctx - (int32_t) n_past - 2}));
         Clock::time_point t0 = Clock::now();
         draft.clear();
-        common_speculative_get_draft_params(spec, seq) = {
-            /* .drafting = */ true,
-            /* .n_max    = */ n_max,
-            /* .pos0     = */ n_past,
-            /* .id_last  = */ id_last,
-            /* .prompt   = */ &prompt_tgt,
-            /* .result   = */ &draft,
-        };
-        common_speculative_draft(spec);
-        if ((int32_t) draft.size() > n_max) draft.resize(n_max);
+        int stage = -1;  // the stage that produced this draft
+        if (n_max > 0) {
+            common_speculative_get_draft_params(spec, seq) = {
+                /* .drafting = */ true,
+                /* .n_max    = */ n_max,
+                /* .pos0     = */ n_past,
+                /* .id_last  = */ id_last,
+                /* .prompt   = */ &prompt_tgt,
+                /* .result   = */ &draft,
+            };
+            common_speculative_draft(spec);
+            if ((int32_t) draft.size() > n_max) draft.resize(n_max);
+            add_stage_draft_time(spec, stage_t_draft, delta);
+            if (!draft.empty()) {
+                const common_speculative_type t = common_speculative_get_last_type(spec, seq);
+                for (size_t i = 0; i < n_stages; ++i) {
+                    if (core.stage_types[i] == t) stage = (int) i;
+                }
+            }
+        }
         // the draft context must not run ahead of the target's positions
-        llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), seq) + 1, -1);
+        if (ctx_dft) {
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), seq) + 1, -1);
+        }
         delta.draft_us += us_since(t0);
 
         // verify [id_last, draft...] on the target, all rows with logits
@@ -247,7 +601,7 @@ void SpecRun::work() {
                 reason = "cancelled";
                 break;
             }
-            throw Error(ErrorKind::Generic, "the MTP drafter failed to process the verify batch");
+            drafter_failed("the verify batch");
         }
         delta.verify_us += us_since(t0);
 
@@ -268,6 +622,16 @@ void SpecRun::work() {
             ++delta.drafted_per_position[i];
             if (i < n_acc) ++delta.accepted_per_position[i];
         }
+        if (stage >= 0) {
+            StageCounters & sc = delta.stages[(size_t) stage];
+            ++sc.drafts;
+            sc.drafts_generated += draft.size();
+            sc.drafts_accepted += n_acc;
+            for (size_t i = 0; i < draft.size() && i < sc.drafted_per_position.size(); ++i) {
+                ++sc.drafted_per_position[i];
+                if (i < n_acc) ++sc.accepted_per_position[i];
+            }
+        }
         n_past += (llama_pos) n_acc;
 
         // emit, exactly up to max_tokens, an end-of-generation token or a stop string
@@ -286,8 +650,8 @@ void SpecRun::work() {
 
         // drop the rejected positions from both caches
         llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq, n_past, -1);
-        llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
-        core.stats.try_fold(delta);  // publish; never waits for a reader
+        if (ctx_dft) llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
+        core.stats->try_fold(delta);  // publish; never waits for a reader
     }
     close_window();
     done(reason);
@@ -296,7 +660,7 @@ void SpecRun::work() {
 // ---------------------------------------------------------------------------------------------------
 // bindings
 
-static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters & c, int32_t n_draft) {
+static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters & c, const SpecCore & core) {
     nb::typed<nb::dict, nb::str, nb::any> d;
     d["iterations"] = c.iterations;
     d["drafts_generated"] = c.drafts_generated;
@@ -309,31 +673,67 @@ static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters
     d["sample_us"] = c.sample_us;
     d["prefill_us"] = c.prefill_us;
     d["total_us"] = c.total_us;
-    d["n_draft"] = n_draft;
+    d["n_draft"] = core.config.n_draft;
     d["drafted_per_position"] = nb::cast(c.drafted_per_position);
     d["accepted_per_position"] = nb::cast(c.accepted_per_position);
+    nb::list stages;
+    for (size_t i = 0; i < c.stages.size() && i < core.stage_types.size(); ++i) {
+        const StageCounters & sc = c.stages[i];
+        nb::dict sd;
+        sd["method"] = common_speculative_type_to_str(core.stage_types[i]);
+        sd["drafts"] = sc.drafts;
+        sd["drafts_generated"] = sc.drafts_generated;
+        sd["drafts_accepted"] = sc.drafts_accepted;
+        sd["draft_us"] = sc.draft_us;
+        sd["drafted_per_position"] = nb::cast(sc.drafted_per_position);
+        sd["accepted_per_position"] = nb::cast(sc.accepted_per_position);
+        stages.append(sd);
+    }
+    d["stages"] = stages;
     return d;
 }
 
+static SpecConfig config_from_dict(const nb::dict & d) {
+    SpecConfig c;
+    dict_get(d, "methods", c.methods);
+    dict_get(d, "n_draft", c.n_draft);
+    dict_get(d, "n_draft_min", c.n_draft_min);
+    dict_get(d, "p_min", c.p_min);
+    dict_get(d, "ngram_size_n", c.ngram_size_n);
+    dict_get(d, "ngram_min_hits", c.ngram_min_hits);
+    dict_get(d, "ngram_mod_n_match", c.ngram_mod_n_match);
+    dict_get(d, "ngram_cache_static", c.ngram_cache_static);
+    dict_get(d, "ngram_cache_dynamic", c.ngram_cache_dynamic);
+    return c;
+}
+
 void register_speculative(nb::module_ & m) {
-    nb::class_<SpecSession>(m, "SpecSession", "Speculative decoding engine (native core; use llamaspec.MTP).")
+    nb::class_<SpecSession>(m, "SpecSession", "Speculative decoding engine (native core; use llamaspec.Speculative).")
         .def_static(
-            "create_mtp",
-            [](std::shared_ptr<Model> model, nb::typed<nb::dict, nb::str, nb::any> options, int32_t n_draft) {
+            "create",
+            [](std::shared_ptr<Model> model, nb::typed<nb::dict, nb::str, nb::any> options,
+               nb::typed<nb::dict, nb::str, nb::any> config, std::shared_ptr<Model> draft_model) {
                 llama_context_params p = context_params_from_dict(options);
+                SpecConfig c = config_from_dict(config);
                 nb::gil_scoped_release nogil;
-                return SpecSession::create_mtp(std::move(model), p, n_draft);
+                return SpecSession::create(std::move(model), p, std::move(c), std::move(draft_model));
             },
-            nb::arg("model"), nb::arg("options"), nb::arg("n_draft"),
-            "Build the target + MTP contexts and the speculative state (releases the GIL).")
+            nb::arg("model"), nb::arg("options"), nb::arg("config"), nb::arg("draft_model").none(),
+            "Check the configuration, build the target and draft contexts and the speculative state (releases the GIL).")
         .def_prop_ro("target", [](const SpecSession & s) { return s.core()->tgt; })
         .def_prop_ro("draft", [](const SpecSession & s) { return s.core()->dft; })
-        .def_prop_ro("n_draft", [](const SpecSession & s) { return s.core()->n_draft; })
-        .def_prop_ro("methods", [](const SpecSession & s) { return s.core()->methods; })
+        .def_prop_ro("n_draft", [](const SpecSession & s) { return s.core()->config.n_draft; })
+        .def_prop_ro("methods",
+                     [](const SpecSession & s) {
+                         std::vector<std::string> names;
+                         for (auto t : s.core()->stage_types) names.push_back(common_speculative_type_to_str(t));
+                         return names;
+                     },
+                     "The stages, in the order upstream tries them for each draft.")
         .def_prop_ro("busy", &SpecSession::busy)
-        .def("stats", [](const SpecSession & s) { return counters_to_dict(s.core()->stats.snapshot(), s.core()->n_draft); },
+        .def("stats", [](const SpecSession & s) { return counters_to_dict(s.core()->stats->snapshot(), *s.core()); },
              "A consistent snapshot of the cumulative counters (never waits for the generation).")
-        .def("reset_stats", [](SpecSession & s) { s.core()->stats.reset(); })
+        .def("reset_stats", [](SpecSession & s) { s.core()->stats->reset(); })
         .def("start",
              [](SpecSession & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root) {
@@ -344,6 +744,15 @@ void register_speculative(nb::module_ & m) {
              },
              nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
              "Start a speculative generation on a worker thread; returns its Run (releases the GIL).");
+
+    m.def(
+        "ngram_cache_create",
+        [](std::vector<llama_token> tokens, std::string path) {
+            nb::gil_scoped_release nogil;
+            ngram_cache_create(tokens, path);
+        },
+        nb::arg("tokens"), nb::arg("path"),
+        "Write a static n-gram cache (llama-lookup-create's format) built from tokens (releases the GIL).");
 }
 
 }  // namespace llamaspec

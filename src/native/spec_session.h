@@ -1,5 +1,6 @@
-// Speculative decoding sessions driven by upstream common_speculative: MTP first (the drafter is
-// the Multi-Token-Prediction head in the target's own GGUF).
+// Speculative generation driven by upstream common_speculative: every drafter it implements (MTP,
+// a separate draft model, EAGLE-3, DFlash, DSpark, the n-gram family) and chains of them, behind one
+// session type.
 #pragma once
 
 #include <memory>
@@ -14,6 +15,32 @@
 
 namespace llamaspec {
 
+// What the Python face has validated and normalised: upstream method names, limits, n-gram tuning.
+struct SpecConfig {
+    std::vector<std::string> methods;  // upstream names ("draft-mtp", "ngram-mod", ...), no duplicates
+    int32_t n_draft = 3;               // the cap on every stage's draft, and the rollback depth
+    int32_t n_draft_min = 0;           // drafts shorter than this are dropped (draft models, ngram-mod)
+    float p_min = 0.0f;                // draft models stop at a token below this probability
+    int32_t ngram_size_n = 12;         // key length of ngram-simple / ngram-map-k / ngram-map-k4v
+    int32_t ngram_min_hits = 1;        // ngram-map-k / -k4v: hits before a continuation is proposed
+    int32_t ngram_mod_n_match = 24;    // ngram-mod: tokens that must match
+    std::string ngram_cache_static;    // ngram-cache: optional cache files (common_ngram_cache_save format)
+    std::string ngram_cache_dynamic;
+};
+
+// Counters of one stage (one upstream implementation) of a chain.
+struct StageCounters {
+    uint64_t drafts = 0;             // drafts it produced (iterations where it was the one that drafted)
+    uint64_t drafts_generated = 0;   // draft tokens it proposed
+    uint64_t drafts_accepted = 0;    // of those, accepted by the target
+    double draft_us = 0;             // time inside its draft() calls, also the ones that found nothing
+    std::vector<uint64_t> drafted_per_position;
+    std::vector<uint64_t> accepted_per_position;
+
+    explicit StageCounters(size_t n_draft = 0) : drafted_per_position(n_draft, 0), accepted_per_position(n_draft, 0) {}
+    void add(const StageCounters & o);
+};
+
 // Counters of speculative generation. Used both as running totals and as the deltas a worker
 // accumulates between two publications.
 struct SpecCounters {
@@ -26,8 +53,10 @@ struct SpecCounters {
     double draft_us = 0, verify_us = 0, sample_us = 0, prefill_us = 0, total_us = 0;
     std::vector<uint64_t> drafted_per_position;   // [n_draft]
     std::vector<uint64_t> accepted_per_position;  // [n_draft]
+    std::vector<StageCounters> stages;            // [number of stages], in the order they are tried
 
-    explicit SpecCounters(size_t n_draft = 0) : drafted_per_position(n_draft, 0), accepted_per_position(n_draft, 0) {}
+    SpecCounters(size_t n_draft = 0, size_t n_stages = 0)
+        : drafted_per_position(n_draft, 0), accepted_per_position(n_draft, 0), stages(n_stages, StageCounters(n_draft)) {}
     void add(const SpecCounters & o);
     void clear();
 };
@@ -37,7 +66,7 @@ struct SpecCounters {
 // snapshot is a consistent set of counters.
 class SpecStatsBox {
 public:
-    explicit SpecStatsBox(size_t n_draft) : totals_(n_draft) {}
+    SpecStatsBox(size_t n_draft, size_t n_stages) : totals_(n_draft, n_stages) {}
     bool try_fold(SpecCounters & delta);  // worker, per iteration: folds and clears delta if free
     void fold(SpecCounters & delta);      // worker, at the end of a call
     SpecCounters snapshot() const;
@@ -49,27 +78,29 @@ private:
 };
 
 // What a SpecRun needs, shared with the session (shared_ptr): contexts, the common_speculative state,
-// the stats. Ownership: the draft context holds the target context (Context::other_), so the target
-// outlives it; `spec` refers to both and is declared last, so it is freed first.
+// the stats. Ownership: the draft context (absent for n-gram-only chains) holds the target context
+// (Context::other_) and its own model, so the target outlives it; `spec` refers to both and is
+// declared last, so it is freed first.
 struct SpecCore {
     std::shared_ptr<Context> tgt;
-    std::shared_ptr<Context> dft;
-    int32_t n_draft = 3;
-    std::vector<std::string> methods;
-    SpecStatsBox stats;
+    std::shared_ptr<Context> dft;   // null when no stage drafts with a model
+    SpecConfig config;
+    std::vector<common_speculative_type> stage_types;  // in the order upstream tries them
+    std::unique_ptr<SpecStatsBox> stats;
     common_speculative_ptr spec;
-
-    SpecCore(size_t n_draft) : stats(n_draft) {}
 };
 
-// The engine behind llamaspec.MTP: one generation at a time, reusable across calls.
+// The engine behind llamaspec.Speculative (and MTP): one generation at a time, reusable across calls.
 class SpecSession {
 public:
-    // Builds the target context (n_rs_seq = n_draft, 1 + n_draft outputs), the MTP draft context
-    // (ctx_type MTP, n_rs_seq 0, ctx_other = target) and the speculative state, in the order that
-    // works (init before the first target decode). Throws Error. Call without the GIL.
-    static std::shared_ptr<SpecSession> create_mtp(std::shared_ptr<Model> model, llama_context_params params,
-                                                   int32_t n_draft);
+    // Checks the configuration against the models (every check that upstream would answer with an
+    // abort is made here first and raised as a typed Error), then builds the target context
+    // (n_rs_seq = n_draft: rollback of rejected drafts on recurrent/hybrid models; 1 + n_draft
+    // outputs), the draft context when a stage needs one (MTP: the target model with ctx_type MTP;
+    // otherwise `draft_model`; both built against the target) and the speculative state, in the order
+    // that works (init before the first target decode). Call without the GIL.
+    static std::shared_ptr<SpecSession> create(std::shared_ptr<Model> model, llama_context_params params,
+                                               SpecConfig config, std::shared_ptr<Model> draft_model);
 
     std::shared_ptr<Run> start(GenRequest req);
     const std::shared_ptr<SpecCore> & core() const { return core_; }
@@ -93,6 +124,10 @@ protected:
 private:
     std::shared_ptr<SpecCore> core_;
 };
+
+// Writes an n-gram cache file for the ngram-cache method (llama-lookup-create's format) from tokens.
+// Throws Error(Generic) when the file cannot be written.
+void ngram_cache_create(const std::vector<llama_token> & tokens, const std::string & path);
 
 void register_speculative(nanobind::module_ & m);
 

@@ -1,0 +1,102 @@
+"""EAGLE-3, DFlash and DSpark drafter heads, with tiny hand-built drafters whose drafts are known:
+lossless, acceptance as constructed, and the contract checks that keep llama.cpp from aborting."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import llamaspec
+from llamaspec import Speculative, Token, UnsupportedModelError
+from llamaspec.fixtures import (
+    DrafterInfo,
+    FixtureInfo,
+    write_dflash_fixture,
+    write_dspark_fixture,
+    write_eagle3_fixture,
+)
+
+pytestmark = pytest.mark.fixture
+
+WRITERS: dict[str, Callable[..., DrafterInfo]] = {
+    "eagle3": write_eagle3_fixture,
+    "dflash": write_dflash_fixture,
+    "dspark": write_dspark_fixture,
+}
+
+
+def token_ids(events: list[object]) -> list[int]:
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+@pytest.fixture(scope="module")
+def target(fx_nomtp_info: FixtureInfo) -> object:
+    with llamaspec.Model(fx_nomtp_info.path) as m:
+        yield m
+
+
+@pytest.mark.parametrize("kind", list(WRITERS))
+@pytest.mark.parametrize("wrong", [0.0, 0.3, 1.0])
+def test_drafter_head_is_lossless_with_known_acceptance(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
+                                                        fixture_dir: Path, kind: str, wrong: float) -> None:
+    info = WRITERS[kind](fixture_dir / f"{kind}-{wrong}.gguf", fx_nomtp_info, wrong_fraction=wrong)
+    prompts = ["hello", "ab", target.detokenize(fx_nomtp_info.cycle[30:36])]  # the cycle prompt last
+    with llamaspec.Generator(target, n_ctx=512, n_threads=1) as plain:
+        expected = {(p, n): token_ids(list(plain.stream_events(p, n, temperature=0)))
+                    for p in prompts for n in (1, 2, 9, 100)}
+    with llamaspec.Model(info.path) as dm:
+        for n_draft in (1, 3, 4):
+            with Speculative(target, method=kind, draft_model=dm, n_draft=n_draft, n_ctx=512,
+                             n_threads=1) as spec:
+                assert spec.methods == (f"draft-{kind}",)
+                for (p, n), want in expected.items():
+                    spec.reset_stats()
+                    got = token_ids(list(spec.stream_events(p, n, temperature=0)))
+                    assert got == want, (kind, wrong, p, n, n_draft)
+                    st = spec.stats()
+                    predicted = info.simulate(target.tokenize(p), n_draft, n)
+                    assert (st.iterations, st.drafts_generated, st.drafts_accepted) == predicted, (p, n, n_draft)
+                    assert st.stages[0].drafts_generated == st.drafts_generated
+        # the cycle prompt, n_draft 4, 100 tokens: what each construction gives
+        if wrong == 0.0 and kind in ("eagle3", "dspark"):
+            assert st.acceptance_rate == 1.0
+        if wrong == 0.0 and kind == "dflash":  # every draft is next(id_last): one accepted per verify
+            assert st.drafts_accepted == st.iterations and st.accepted_per_position[1:] == (0, 0, 0)
+        if wrong == 1.0:
+            assert st.drafts_accepted == 0 < st.drafts_generated
+
+
+def test_drafter_files_must_match_their_method(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
+                                               fixture_dir: Path) -> None:
+    eagle = write_eagle3_fixture(fixture_dir / "e3.gguf", fx_nomtp_info)
+    dflash = write_dflash_fixture(fixture_dir / "df.gguf", fx_nomtp_info)
+    cases = [
+        ("draft", eagle.path, "not a standalone model; use method='eagle3'"),
+        ("draft", dflash.path, "not a standalone model"),
+        ("dflash", eagle.path, "is not a DFlash drafter"),
+        ("eagle3", dflash.path, "is not an EAGLE-3 drafter"),
+        ("dspark", dflash.path, "is not a DSpark drafter"),  # a DFlash file has no Markov head
+    ]
+    for method, path, msg in cases:
+        with pytest.raises(UnsupportedModelError, match=msg) as ei:
+            Speculative(target, method=method, draft_model=path)
+        assert ei.value.path == path
+
+
+@pytest.mark.parametrize("kind", list(WRITERS))
+def test_drafter_made_for_another_target_is_refused(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
+                                                    fixture_dir: Path, kind: str) -> None:
+    # drafters written for a deeper and for a wider target than the TINY one: llama.cpp would abort
+    # (GGML_ASSERT / GGML_ABORT) on either, so the contract is checked before anything is built
+    deeper = dataclasses.replace(fx_nomtp_info, spec=dataclasses.replace(fx_nomtp_info.spec, n_trunk=8))
+    deep = WRITERS[kind](fixture_dir / f"{kind}-deep.gguf", deeper, target_layers=(0, 2, 7))
+    with pytest.raises(UnsupportedModelError, match="reads target layer 7 but the target has 4 layers"):
+        Speculative(target, method=kind, draft_model=deep.path)
+    wider = dataclasses.replace(fx_nomtp_info, spec=dataclasses.replace(fx_nomtp_info.spec, n_embd=384))
+    wide = WRITERS[kind](fixture_dir / f"{kind}-wide.gguf", wider)
+    msg = "target hidden states of width 384" if kind == "eagle3" else "width 384 differs"
+    with pytest.raises(UnsupportedModelError, match=msg):
+        Speculative(target, method=kind, draft_model=wide.path)
