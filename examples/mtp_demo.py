@@ -6,7 +6,10 @@ MTP generation on each, and prints a table. With a real MTP GGUF (e.g. a Qwen3.5
 
     python examples/mtp_demo.py --model Qwen3.6-35B-A3B-MTP-Q4_K_M.gguf --chat "Why is the sky blue?"
 
-applies the model's chat template and streams the answer with live statistics.
+applies the model's chat template and streams the answer with live statistics. Any other drafter:
+
+    python examples/mtp_demo.py --model Qwen3-8B-Q4_K_M.gguf --method draft --draft-model Qwen3-0.6B-Q8_0.gguf
+    python examples/mtp_demo.py --model Qwen3-8B-Q4_K_M.gguf --method ngram-mod
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class LiveStats:
     """A renderable that reads the session's statistics each time rich refreshes: from rich's own
     refresh thread, while the generation runs on the native worker."""
 
-    def __init__(self, label: str, mtp: llamaspec.MTP | None) -> None:
+    def __init__(self, label: str, mtp: llamaspec.Speculative | None) -> None:
         self.label, self.mtp = label, mtp
         self.tokens, self.rate = 0, 0.0
 
@@ -42,9 +45,9 @@ class LiveStats:
         return Text(line, style="cyan")
 
 
-def stream(console: Console, label: str, session: llamaspec.Generator | llamaspec.MTP, prompt: str,
+def stream(console: Console, label: str, session: llamaspec.Generator | llamaspec.Speculative, prompt: str,
            max_tokens: int, show_text: bool, **sampling: object) -> llamaspec.GenerationStats:
-    stats = LiveStats(label, session if isinstance(session, llamaspec.MTP) else None)
+    stats = LiveStats(label, session if isinstance(session, llamaspec.Speculative) else None)
     text = Text()
     done: llamaspec.GenerationStats | None = None
     with Live(Group(text, stats) if show_text else stats, console=console, refresh_per_second=10,
@@ -102,19 +105,24 @@ def fixture_demo(console: Console, args: argparse.Namespace) -> None:
 def model_demo(console: Console, args: argparse.Namespace) -> None:
     with llamaspec.Model(args.model) as model:
         console.print(f"[bold]{model.description}[/] ({model.n_params / 1e9:.2f}B params, "
-                      f"{model.n_layer_nextn} MTP layer(s))")
+                      f"{model.n_layer_nextn} MTP layer(s)), method {args.method}")
         question = args.chat or "Write a haiku about the sea."
         prompt = model.apply_chat_template([{"role": "user", "content": question}], enable_thinking=False)
         console.print(f"[dim]user:[/] {question}\n")
-        with llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=args.n_ctx, n_threads=args.threads) as mtp:
-            stream(console, "MTP", mtp, prompt, args.tokens, True, temperature=args.temperature)
-            console.print(mtp.print_stats())
+        with llamaspec.Speculative(model, method=args.method, n_draft=args.n_draft, draft_model=args.draft_model,
+                                   n_ctx=args.n_ctx, n_threads=args.threads) as spec:
+            stream(console, ",".join(spec.methods), spec, prompt, args.tokens, True, temperature=args.temperature)
+            console.print(spec.print_stats())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a GGUF with an MTP head (default: the generated speed fixtures)")
     ap.add_argument("--chat", help="a question for --model, rendered with its chat template")
+    ap.add_argument("--method", nargs="+", default=["mtp"],
+                    help="speculative method(s) for --model: mtp, draft, eagle3, dflash, dspark, ngram-mod, ... "
+                         "(several: a chain)")
+    ap.add_argument("--draft-model", help="the draft model / drafter head for --method draft, eagle3, dflash, dspark")
     ap.add_argument("--n-draft", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)

@@ -207,6 +207,49 @@ def test_cancel_and_reuse_with_a_draft_model(target: llamaspec.Model, draft_leve
         assert greedy(spec, "abc", 100) == want
 
 
+@pytest.mark.fixture
+@pytest.mark.parametrize("method", ["draft", "ngram-mod", "ngram-map-k", "eagle3", "dspark"])
+def test_sampling_stops_grammar_and_async_for_every_kind(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
+                                                         draft_levels: dict[str, DraftFixtureInfo], fixture_dir: Path,
+                                                         method: str) -> None:
+    kwargs: dict[str, object] = {}
+    if method == "draft":
+        kwargs["draft_model"] = draft_levels["70"].path
+    elif method in ("eagle3", "dspark"):
+        from llamaspec.fixtures import write_dspark_fixture, write_eagle3_fixture
+
+        writer = write_eagle3_fixture if method == "eagle3" else write_dspark_fixture
+        kwargs["draft_model"] = writer(fixture_dir / f"sem-{method}.gguf", fx_nomtp_info, wrong_fraction=0.3).path
+    else:
+        kwargs["ngram_options"] = FX_NGRAM
+    with llamaspec.Generator(target, n_ctx=1024, n_threads=1) as g, \
+            Speculative(target, method=method, n_draft=4, n_ctx=1024, n_threads=1, **kwargs) as spec:
+        # seeded sampling: the target draws one sample per emitted token, as plain decoding does
+        for temperature in (1.0, 20.0):
+            kw = dict(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=99)
+            assert spec.generate("hello", 300, **kw) == g.generate("hello", 300, **kw), temperature
+        # stop strings are exact inside an accepted run
+        full = spec.generate("hello", 300, temperature=0)
+        stop = full[201:204]
+        assert spec.generate("hello", 300, temperature=0, stop=[stop]) == full[: full.index(stop)]
+        assert spec.last_stats is not None and spec.last_stats.finish_reason == "stop"
+        constrained = spec.generate("hello", 40, temperature=0, grammar="root ::= [a-f]+")
+        assert constrained and set(constrained) <= set("abcdef")
+
+        async def collect() -> str:
+            return "".join([piece async for piece in spec.astream("hello", 300, temperature=0)])
+
+        import asyncio
+
+        assert asyncio.run(collect()) == full
+        it = spec.stream("hello", 300, temperature=0)
+        next(it)
+        with pytest.raises(llamaspec.BusyError):
+            spec.generate("x", 5)
+        it.close()  # type: ignore[attr-defined]
+        assert not spec.busy and spec.stats().drafts_accepted > 0
+
+
 # ------------------------------------------------------------------------------------------------
 # errors
 
