@@ -3,7 +3,8 @@
 They are built bench-only from the SAME pinned, patched tree that llamaspec builds against
 (cmake/fetch_llama_cpp.py) and with the same CPU settings as our extension: GGML_NATIVE (ggml's
 default), the AMX extensions switched off (docs/adr/0003), GGML_OPENMP=OFF, static libraries,
-Release. The build lives in build/bench-upstream/ (ignored by git) and is reused.
+Release. The build lives in build/bench-upstream/<tree>/ (ignored by git), one per patched tree (a
+new patch set gets a new build), and is reused.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ def llama_cpp_tree() -> Path:
 def build_tools(*targets: str) -> Path:
     """Configure (once) and build the given upstream targets; returns the bin directory."""
     src = llama_cpp_tree()
-    if not (BUILD / "build.ninja").exists():
-        BUILD.mkdir(parents=True, exist_ok=True)
+    build = BUILD / src.name  # the tree's name carries the commit and the patch set
+    if not (build / "build.ninja").exists():
+        build.mkdir(parents=True, exist_ok=True)
         args = [
-            "cmake", "-S", str(src), "-B", str(BUILD), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            "cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF", "-DGGML_CCACHE=OFF",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",
             "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
@@ -43,8 +45,8 @@ def build_tools(*targets: str) -> Path:
         if shutil.which("ccache"):
             args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(BUILD), "--target", *targets], check=True, stdout=subprocess.DEVNULL)
-    return BUILD / "bin"
+    subprocess.run(["cmake", "--build", str(build), "--target", *targets], check=True, stdout=subprocess.DEVNULL)
+    return build / "bin"
 
 
 RESULTS = ROOT / "bench" / "results"

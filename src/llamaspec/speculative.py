@@ -465,7 +465,9 @@ class Speculative(_StreamingSession):
             self._owned_draft.close()  # the native draft context keeps the weights until it is gone
 
     def __repr__(self) -> str:
-        return f"<llamaspec.{type(self).__name__} methods={list(self._methods)} n_draft={self._n_draft} model={self._model!r}>"
+        methods = list(getattr(self, "_methods", ()))
+        return (f"<llamaspec.{type(self).__name__} methods={methods} n_draft={getattr(self, '_n_draft', None)} "
+                f"model={getattr(self, '_model', None)!r}>")
 
 
 class MTP(Speculative):

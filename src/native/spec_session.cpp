@@ -364,6 +364,7 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
     if (model_type != COMMON_SPECULATIVE_TYPE_NONE) {
         llama_context_params dp = params;
         dp.n_ctx = core->tgt->n_ctx();
+        dp.n_seq_max = 1;  // the speculative state drafts for one sequence (draft-simple checks this)
         dp.n_rs_seq = 0;
         dp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
         std::shared_ptr<Model> dm = draft_model;
@@ -409,9 +410,12 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
             // must run before the first target decode: it switches on the target's hidden-row output
             spec = common_speculative_init(sp, 1);
         } catch (const std::exception & e) {
-            const bool vocab = std::string(e.what()).find("vocab") != std::string::npos;
-            throw Error(vocab ? ErrorKind::IncompatibleVocab : ErrorKind::UnsupportedModel,
-                        std::string("speculative decoding could not be set up: ") + e.what(), 0, false,
+            // upstream's own checks (most are made above, with better messages)
+            const std::string what = e.what();
+            const ErrorKind kind = what.find("vocab") != std::string::npos  ? ErrorKind::IncompatibleVocab
+                                   : what.find("p-min") != std::string::npos ? ErrorKind::InvalidOption
+                                                                             : ErrorKind::UnsupportedModel;
+            throw Error(kind, "speculative decoding could not be set up: " + what, 0, false,
                         draft_model ? draft_model->path() : model->path());
         }
         if (spec == nullptr) {
