@@ -398,6 +398,9 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
         ng->size_m = (uint16_t) n_draft;
         ng->min_hits = (uint16_t) config.ngram_min_hits;
     }
+    // ngram-simple proposes nothing unless its m-gram is at least as long as its key (upstream's
+    // common_ngram_simple_draft): let it find size_n tokens; the draft is cut to n_draft anyway
+    sp.ngram_simple.size_m = (uint16_t) std::max(n_draft, config.ngram_size_n);
     sp.ngram_mod.n_match = config.ngram_mod_n_match;
     sp.ngram_mod.n_max = n_draft;
     sp.ngram_mod.n_min = config.n_draft_min;
