@@ -1,7 +1,8 @@
-"""Tiny qwen35 GGUF models whose greedy output and MTP acceptance are known by construction.
+"""Tiny GGUF models whose greedy output and drafting acceptance are known by construction: qwen35
+targets (optionally with an MTP head), a llama draft model, and EAGLE-3 / DFlash / DSpark drafter heads.
 
 No MTP model small enough for tests can be downloaded, so we write our own (the design is in
-docs/test-fixtures.md). The weights are not trained: the real llama.cpp qwen35 graph (Gated DeltaNet
+docs/fixtures.md). The weights are not trained: the real llama.cpp qwen35 graph (Gated DeltaNet
 recurrent layers, gated attention, the MTP block) runs on them in full, but they are built so that
 
 * the residual stream carries onehot(x): token embeddings are one-hot and every layer's output
