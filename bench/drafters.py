@@ -28,10 +28,8 @@ Usage: python bench/drafters.py [--runs 5] [--threads 1 2] [--tokens 128] [--n-d
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +45,9 @@ from llamaspec.fixtures import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mtp_speed import _ACCEPT, _DECODED, upstream_plain  # noqa: E402
-from upstream import build_tools, save_report  # noqa: E402
+from mtp_speed import _ACCEPT, _DECODED, med, upstream_plain  # noqa: E402
+from mtp_speed import ours_rate as rate  # noqa: E402
+from upstream import build_tools, emit_report, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REPETITIVE = (
@@ -126,16 +125,6 @@ def upstream_spec(bin_dir: Path, case: Case, n: int, threads: int, timeout: floa
     return int(m.group(1)) / float(m.group(2)), float(a.group(1)) / 100 if a else float("nan")
 
 
-def rate(session: llamaspec.Generator | llamaspec.Speculative, prompt: str, n: int) -> float:
-    session.generate(prompt, n, temperature=0)
-    assert session.last_stats is not None
-    return session.last_stats.tokens_per_second
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -211,14 +200,8 @@ def main() -> None:
               f"| {r['acc_up']:.3f}") if "up" in r else "— | — | — | — | —"
         lines.append(f"| {r['case']} | {r['method']} | {r['n_draft']} | {r['threads']} | {r['plain']:.1f} | {r['ours']:.1f} | "
                      f"**{r['ours'] / r['plain']:.2f}x** / {r['paired']:.2f}x | {r['acc']:.3f} | {up} |")
-    report = "\n".join(lines)
-    print()
-    print(report)
-    if not args.no_save:
-        print(f"\nsaved {save_report('drafters', report)}")
+    emit_report("drafters", lines, save=not args.no_save)
 
 
 if __name__ == "__main__":
-    t0 = time.time()
-    main()
-    print(f"({time.time() - t0:.0f} s)")
+    timed(main)

@@ -41,7 +41,7 @@ import llamaspec
 from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from upstream import build_tools, save_report  # noqa: E402
+from upstream import build_tools, emit_report, timed  # noqa: E402
 
 LEVELS = {"100%": 0.0, "~74%": 0.14, "0%": 1.0}
 
@@ -137,7 +137,7 @@ def upstream_for(args: argparse.Namespace, bin_dir: Path, model: str, threads: i
 T = TypeVar("T")
 
 
-def ours_rate(session: llamaspec.Generator | llamaspec.MTP, prompt: str, n: int) -> float:
+def ours_rate(session: llamaspec.Generator | llamaspec.Speculative, prompt: str, n: int) -> float:
     session.generate(prompt, n, temperature=0)
     assert session.last_stats is not None
     return session.last_stats.tokens_per_second
@@ -239,14 +239,8 @@ def main() -> None:
             f"**{r['ours'] / r['ours_plain']:.2f}x** | {r['up']:.1f} | {r['up_plain']:.1f} | "
             f"{r['up'] / r['up_plain']:.2f}x | **{r['ours'] / r['up']:.2f}x** / {r['paired']:.2f}x | "
             f"{r['acc']:.3f} / {r['acc_up']:.3f} |")
-    report = "\n".join(lines)
-    print()
-    print(report)
-    if not args.no_save:
-        print(f"\nsaved {save_report('mtp_speed', report)}")
+    emit_report("mtp_speed", lines, save=not args.no_save)
 
 
 if __name__ == "__main__":
-    t0 = time.time()
-    main()
-    print(f"({time.time() - t0:.0f} s)")
+    timed(main)

@@ -30,7 +30,7 @@ from pathlib import Path
 import llamaspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from upstream import build_tools, save_report  # noqa: E402
+from upstream import build_tools, emit_report, timed  # noqa: E402
 
 PROMPT = "The history of the city of Paris begins"
 
@@ -132,12 +132,8 @@ def main() -> None:
     for threads, *_, ours, up in rows:
         lines.append(f"raw end-to-end, threads={threads}: ours {[round(x, 1) for x in ours]}, "
                      f"upstream {[round(x, 1) for x in up]}")
-    report = "\n".join(lines)
-    print()
-    print(report)
-    if not args.no_save:
-        print(f"\nsaved {save_report('plain_decode', report)}")
+    emit_report("plain_decode", lines, save=not args.no_save)
 
 
 if __name__ == "__main__":
-    main()
+    timed(main)

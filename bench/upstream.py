@@ -15,6 +15,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,3 +66,19 @@ def save_report(name: str, report: str) -> Path:
                    f"{platform.processor() or 'cpu'}, llamaspec {llamaspec.__version__}\n\n"
                    f"system_info: `{llamaspec.system_info()}`\n\n{report}\n")
     return out
+
+
+def emit_report(name: str, lines: list[str], save: bool) -> None:
+    """Print the report and, with ``save``, keep it in bench/results/ (save_report)."""
+    report = "\n".join(lines)
+    print()
+    print(report)
+    if save:
+        print(f"\nsaved {save_report(name, report)}")
+
+
+def timed(main: Callable[[], None]) -> None:
+    """Run a bench's main() and print how long it took."""
+    t0 = time.time()
+    main()
+    print(f"({time.time() - t0:.0f} s)")

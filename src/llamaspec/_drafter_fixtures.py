@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llamaspec.fixtures import META_PREFIX, N_VOCAB, TOK_IM_START, FixtureInfo
+from llamaspec.fixtures import META_PREFIX, N_VOCAB, TOK_IM_START, FixtureInfo, simulate_greedy_speculation
 from llamaspec.fixtures import _add_tokenizer as _add_fixture_tokenizer
 
 __all__ = [
@@ -137,26 +137,7 @@ class DrafterInfo:
         """
         if len(prompt) < 2:
             raise ValueError("prompt needs at least 2 tokens")
-        nxt = self.next_map
-        prev, last = prompt[-2], prompt[-1]
-        emitted = iterations = drafted = accepted = 0
-        while emitted < max_tokens:
-            k = max(0, min(self.max_draft(n_draft), max_tokens - emitted - 1))
-            drafts = self.drafts(prev, last, k)
-            a, cur = 0, last
-            for d in drafts:
-                if d != nxt[cur]:
-                    break
-                a, cur = a + 1, d
-            iterations += 1
-            drafted += len(drafts)
-            accepted += a
-            out = [last]
-            for _ in range(a + 1):
-                out.append(nxt[out[-1]])
-            emitted += a + 1
-            prev, last = out[-2], out[-1]
-        return iterations, drafted, accepted
+        return simulate_greedy_speculation(self.next_map, prompt, self.max_draft(n_draft), max_tokens, self.drafts)
 
 
 def _add_tokenizer(w: Any, *, mask: bool) -> None:

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Literal
 
 __all__ = [
     "FixtureSpec", "FixtureInfo", "DraftFixtureInfo", "DrafterInfo", "TINY", "SPEED", "write_qwen35_fixture",
     "write_draft_fixture", "write_eagle3_fixture", "write_dflash_fixture", "write_dspark_fixture",
-    "fixture_next_map",
+    "fixture_next_map", "simulate_greedy_speculation",
 ]
 
 N_BYTES = 256
@@ -99,29 +100,16 @@ class FixtureInfo:
             raise ValueError("this fixture has no MTP head")
         wrong = set(self.mtp_wrong)
         nxt = self.next_map
-        prev, last = prompt[-2], prompt[-1]
-        emitted = iterations = drafted = accepted = 0
-        while emitted < max_tokens:
-            k = max(0, min(n_draft, max_tokens - emitted - 1))
-            drafts, h = [], prev
+
+        def drafts(prev: int, last: int, k: int) -> list[int]:
+            out, h = [], prev
             for _ in range(k):
                 row = nxt[nxt[h]] if h in wrong else nxt[h]
-                drafts.append(nxt[row])
+                out.append(nxt[row])
                 h = row
-            a, cur = 0, last
-            for d in drafts:
-                if d != nxt[cur]:
-                    break
-                a, cur = a + 1, d
-            iterations += 1
-            drafted += len(drafts)
-            accepted += a
-            out = [last]
-            for _ in range(a + 1):
-                out.append(nxt[out[-1]])
-            emitted += a + 1
-            prev, last = out[-2], out[-1]
-        return iterations, drafted, accepted
+            return out
+
+        return simulate_greedy_speculation(nxt, prompt, n_draft, max_tokens, drafts)
 
     def greedy(self, last_token: int, n: int) -> list[int]:
         """The greedy continuation of a prompt that ends with ``last_token``."""
@@ -130,6 +118,46 @@ class FixtureInfo:
             x = self.next_map[x]
             out.append(x)
         return out
+
+
+def simulate_greedy_speculation(next_map: list[int], prompt: list[int], n_draft: int, max_tokens: int,
+                                drafts: Callable[[int, int, int], list[int]]) -> tuple[int, int, int]:
+    """Replay a greedy speculative run on a fixture target, without running a model.
+
+    Each iteration drafts ``k = min(n_draft, tokens still wanted - 1)`` tokens with
+    ``drafts(prev, last, k)`` (``last`` is the newest token, ``prev`` the one before it; a drafter may
+    clamp k further); the target accepts the leading drafts that equal its greedy continuation
+    (``next_map``) and adds one token of its own.
+
+    Args:
+        next_map: the target's next(x).
+        prompt: the prompt's token ids (at least 1; ``prev`` is -1 for a one-token prompt).
+        n_draft: the session's draft length.
+        max_tokens: the call's max_tokens.
+        drafts: the drafter's construction.
+
+    Returns:
+        (iterations, drafts_generated, drafts_accepted).
+    """
+    nxt = next_map
+    prev, last = (prompt[-2] if len(prompt) > 1 else -1), prompt[-1]
+    emitted = iterations = drafted = accepted = 0
+    while emitted < max_tokens:
+        proposed = drafts(prev, last, max(0, min(n_draft, max_tokens - emitted - 1)))
+        a, cur = 0, last
+        for d in proposed:
+            if d != nxt[cur]:
+                break
+            a, cur = a + 1, d
+        iterations += 1
+        drafted += len(proposed)
+        accepted += a
+        out = [last]
+        for _ in range(a + 1):
+            out.append(nxt[out[-1]])
+        emitted += a + 1
+        prev, last = out[-2], out[-1]
+    return iterations, drafted, accepted
 
 
 def _gpt2_byte_to_unicode() -> dict[int, str]:
@@ -367,20 +395,15 @@ class DraftFixtureInfo:
         """
         wrong = set(self.wrong)
         nxt = self.target.next_map
-        last = prompt[-1]
-        emitted = iterations = drafted = accepted = 0
-        while emitted < max_tokens:
-            k = max(0, min(n_draft, max_tokens - emitted - 1))
-            a, cur = 0, last
-            while a < k and cur not in wrong:
-                a, cur = a + 1, nxt[cur]
-            iterations += 1
-            drafted += k
-            accepted += a
-            for _ in range(a + 1):
-                last = nxt[last]
-            emitted += a + 1
-        return iterations, drafted, accepted
+
+        def drafts(prev: int, last: int, k: int) -> list[int]:
+            out, x = [], last
+            for _ in range(k):
+                x = nxt[nxt[x]] if x in wrong else nxt[x]
+                out.append(x)
+            return out
+
+        return simulate_greedy_speculation(nxt, prompt, n_draft, max_tokens, drafts)
 
 
 def write_draft_fixture(
