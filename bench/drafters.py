@@ -45,7 +45,7 @@ from llamaspec.fixtures import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mtp_speed import _ACCEPT, _DECODED, med, upstream_plain  # noqa: E402
+from mtp_speed import med, upstream_plain, upstream_speculative  # noqa: E402
 from mtp_speed import ours_rate as rate  # noqa: E402
 from upstream import build_tools, emit_report, timed  # noqa: E402
 
@@ -115,14 +115,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
 
 def upstream_spec(bin_dir: Path, case: Case, n: int, threads: int, timeout: float) -> tuple[float, float]:
     assert case.upstream is not None
-    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", case.target, "-p", case.prompt, "-n", str(n),
-           "-t", str(threads), "-tb", str(threads), "-c", "1024", "--temp", "0", *case.upstream]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    log = p.stdout + p.stderr
-    m, a = _DECODED.search(log), _ACCEPT.search(log)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"llama-speculative-simple failed ({p.returncode}): {log[-1500:]}")
-    return int(m.group(1)) / float(m.group(2)), float(a.group(1)) / 100 if a else float("nan")
+    return upstream_speculative(bin_dir, case.target, case.prompt, n, threads, case.upstream, timeout)
 
 
 def main() -> None:

@@ -63,17 +63,23 @@ def upstream_plain(bin_dir: Path, model: str, prompt: str, n: int, threads: int,
     return int(m.group(2)) / ((float(tot.group(1)) - float(pr.group(1))) / 1e3)
 
 
-def upstream_mtp(bin_dir: Path, model: str, prompt: str, n: int, threads: int, n_draft: int,
-                 timeout: float) -> tuple[float, float]:
+def upstream_speculative(bin_dir: Path, model: str, prompt: str, n: int, threads: int, spec_args: list[str],
+                         timeout: float) -> tuple[float, float]:
+    """llama-speculative-simple with the given --spec-* arguments: (tokens/s, acceptance)."""
     cmd = [str(bin_dir / "llama-speculative-simple"), "-m", model, "-p", prompt, "-n", str(n), "-t", str(threads),
-           "-tb", str(threads), "-c", "1024", "--temp", "0", "--spec-type", "draft-mtp",
-           "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
+           "-tb", str(threads), "-c", "1024", "--temp", "0", *spec_args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     log = p.stdout + p.stderr
     m, a = _DECODED.search(log), _ACCEPT.search(log)
     if p.returncode != 0 or not m:
         raise RuntimeError(f"llama-speculative-simple failed ({p.returncode}): {log[-1500:]}")
     return int(m.group(1)) / float(m.group(2)), float(a.group(1)) / 100 if a else float("nan")
+
+
+def upstream_mtp(bin_dir: Path, model: str, prompt: str, n: int, threads: int, n_draft: int,
+                 timeout: float) -> tuple[float, float]:
+    return upstream_speculative(bin_dir, model, prompt, n, threads, [
+        "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"], timeout)
 
 
 def _free_port() -> int:
