@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from . import _native
 from ._log import sync_log_level
@@ -96,6 +96,10 @@ class SpecStats:
         drafted_per_position: how often a draft reached position i (length n_draft).
         stages: one StageStats per stage, in the order the stages are tried; their drafts,
             drafts_generated and drafts_accepted add up to the totals.
+        draft_length_histogram: verifies by the draft length asked for, index 0..n_draft (0: a
+            plain step; the last tokens of a call ask for less than the rest).
+        adaptive: the session chooses the length per verify (``n_draft="auto"``); n_draft is then
+            the maximum.
     """
 
     iterations: int
@@ -110,6 +114,8 @@ class SpecStats:
     accepted_per_position: tuple[int, ...]
     drafted_per_position: tuple[int, ...]
     stages: tuple[StageStats, ...] = ()
+    draft_length_histogram: tuple[int, ...] = ()
+    adaptive: bool = False
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SpecStats:
@@ -128,7 +134,15 @@ class SpecStats:
             accepted_per_position=tuple(int(x) for x in d["accepted_per_position"]),
             drafted_per_position=tuple(int(x) for x in d["drafted_per_position"]),
             stages=tuple(StageStats._from_native(sd) for sd in d.get("stages", ())),
+            draft_length_histogram=tuple(int(x) for x in d.get("draft_length_histogram", ())),
+            adaptive=bool(d.get("adaptive", False)),
         )
+
+    @property
+    def mean_draft_length(self) -> float:
+        """The mean draft length asked for per verify (0.0 before the first)."""
+        n = sum(self.draft_length_histogram)
+        return sum(k * c for k, c in enumerate(self.draft_length_histogram)) / n if n else 0.0
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -244,7 +258,8 @@ class Speculative(_StreamingSession):
         model: Model,
         *,
         method: str | Sequence[str],
-        n_draft: int = 3,
+        n_draft: int | Literal["auto"] = 3,
+        n_draft_max: int | None = None,
         n_draft_min: int = 0,
         p_min: float = 0.0,
         draft_model: Model | str | os.PathLike[str] | None = None,
@@ -261,8 +276,14 @@ class Speculative(_StreamingSession):
             model: the target model. For "mtp" it must carry MTP layers and be loaded with
                 ``load_mtp=True`` (the default).
             method: a method name or a list of names (chained stages); see the class docstring.
-            n_draft: maximum draft tokens per verify, for every stage (>= 1). It also sets how far
-                the target's recurrent state can be rolled back (hybrid models).
+            n_draft: maximum draft tokens per verify, for every stage (>= 1), or "auto": the
+                session chooses the length for each verify, up to ``n_draft_max``, from the
+                acceptance it observes and the draft and verify costs it measures, down to 0 (plain
+                decoding) when drafting does not pay (ADR 0009). It also sets how far the target's
+                recurrent state can be rolled back (hybrid models).
+            n_draft_max: with ``n_draft="auto"``, the longest draft (default 8); it sizes the
+                rollback snapshots, output rows and per-position statistics. With an int n_draft,
+                None or equal to it.
             n_draft_min: drafts shorter than this are dropped (draft models and ngram-mod), in
                 [0, n_draft].
             p_min: draft models stop drafting at a token whose probability is below this, in [0, 1].
@@ -293,12 +314,18 @@ class Speculative(_StreamingSession):
         self._model = model
         self._owned_draft: Model | None = None
         methods = _normalize_methods(method)
-        n_draft = _int_option("n_draft", n_draft, 1, 1 << 12)
+        adaptive = n_draft == "auto"
+        if adaptive:
+            n_draft = _int_option("n_draft_max", 8 if n_draft_max is None else n_draft_max, 1, 1 << 12)
+        else:
+            n_draft = _int_option("n_draft", n_draft, 1, 1 << 12)
+            if n_draft_max is not None and n_draft_max != n_draft:
+                raise InvalidOptionError("n_draft_max applies to n_draft='auto' (with an int n_draft it is n_draft)")
         n_draft_min = _int_option("n_draft_min", n_draft_min, 0, n_draft)
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise InvalidOptionError(f"p_min must be a number within [0, 1], got {p_min!r}")
         config: dict[str, Any] = {"methods": methods, "n_draft": n_draft, "n_draft_min": n_draft_min,
-                                  "p_min": float(p_min)}
+                                  "p_min": float(p_min), "adaptive": adaptive}
         if ngram_options is not None:
             if not isinstance(ngram_options, Mapping):
                 raise InvalidOptionError(f"ngram_options must be a mapping, got {ngram_options!r}")
@@ -356,13 +383,19 @@ class Speculative(_StreamingSession):
         self._engine = self._native
         self._draft_model = dm
         self._n_draft = n_draft
+        self._adaptive = adaptive
         self._methods = tuple(self._native.methods)
         self._context = Context._from_native(model, self._native.target, opts)
 
     @property
     def n_draft(self) -> int:
-        """Maximum draft tokens per verify."""
+        """Maximum draft tokens per verify (with ``n_draft="auto"``: n_draft_max)."""
         return self._n_draft
+
+    @property
+    def adaptive(self) -> bool:
+        """True when the session chooses the draft length per verify (``n_draft="auto"``)."""
+        return self._adaptive
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -466,7 +499,8 @@ class Speculative(_StreamingSession):
 
     def __repr__(self) -> str:
         methods = list(getattr(self, "_methods", ()))
-        return (f"<llamaspec.{type(self).__name__} methods={methods} n_draft={getattr(self, '_n_draft', None)} "
+        n_draft = "auto" if getattr(self, "_adaptive", False) else getattr(self, "_n_draft", None)
+        return (f"<llamaspec.{type(self).__name__} methods={methods} n_draft={n_draft} "
                 f"model={getattr(self, '_model', None)!r}>")
 
 
@@ -482,15 +516,16 @@ class MTP(Speculative):
         ...     print(mtp.stats().acceptance_rate)
     """
 
-    def __init__(self, model: Model, *, n_draft: int = 3, n_ctx: int = 2048, **options: Any) -> None:
+    def __init__(self, model: Model, *, n_draft: int | Literal["auto"] = 3, n_ctx: int = 2048,
+                 **options: Any) -> None:
         """Build the target context, the MTP draft context and the speculative state.
 
         Args:
             model: a model whose file carries MTP layers, loaded with ``load_mtp=True`` (the default).
-            n_draft: maximum draft tokens per verify (>= 1).
+            n_draft: maximum draft tokens per verify (>= 1), or "auto" (see Speculative).
             n_ctx: context size for both contexts.
             **options: other context options (see Context), applied to both contexts, and
-                Speculative's n_draft_min / p_min.
+                Speculative's n_draft_max / n_draft_min / p_min.
 
         Raises:
             InvalidOptionError: n_draft is not an int >= 1, or an option value is invalid.

@@ -51,6 +51,7 @@ void SpecCounters::add(const SpecCounters & o) {
     total_us += o.total_us;
     add_vec(drafted_per_position, o.drafted_per_position);
     add_vec(accepted_per_position, o.accepted_per_position);
+    add_vec(draft_length_histogram, o.draft_length_histogram);
     for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) stages[i].add(o.stages[i]);
 }
 
@@ -428,6 +429,7 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
     }
     for (const auto & st : common_speculative_get_impl_stats(core->spec.get())) core->stage_types.push_back(st.type);
     core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size());
+    if (config.adaptive) core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min);
 
     auto s = std::shared_ptr<SpecSession>(new SpecSession());
     s->core_ = std::move(core);
@@ -561,7 +563,9 @@ void SpecRun::work() {
         }
         // draft: never more than the tokens still wanted after the one the verify yields anyway
         const int32_t remaining = req_.max_tokens - stats.tokens;
-        const int32_t n_max = std::max(0, std::min({n_draft, remaining - 1, n_ctx - (int32_t) n_past - 2}));
+        const int32_t wanted = core.policy ? core.policy->choose() : n_draft;
+        const int32_t n_max = std::max(0, std::min({wanted, remaining - 1, n_ctx - (int32_t) n_past - 2}));
+        ++delta.draft_length_histogram[(size_t) n_max];
         Clock::time_point t0 = Clock::now();
         draft.clear();
         int stage = -1;  // the stage that produced this draft
@@ -588,10 +592,12 @@ void SpecRun::work() {
         if (ctx_dft) {
             llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), seq) + 1, -1);
         }
-        delta.draft_us += us_since(t0);
+        const double iteration_draft_us = us_since(t0);
+        delta.draft_us += iteration_draft_us;
 
         // verify [id_last, draft...] on the target, all rows with logits
         t0 = Clock::now();
+        const Clock::time_point t_rest = t0;
         batch.clear();
         batch.add(id_last, n_past++, seq, true);
         for (size_t i = 0; i < draft.size(); ++i) {
@@ -659,6 +665,9 @@ void SpecRun::work() {
         llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq, n_past, -1);
         if (ctx_dft) llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
         core.stats->try_fold(delta);  // publish; never waits for a reader
+        if (core.policy) {
+            core.policy->observe(n_max, (int32_t) draft.size(), (int32_t) n_acc, iteration_draft_us, us_since(t_rest));
+        }
     }
     close_window();
     done(reason);
@@ -683,6 +692,8 @@ static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters
     d["n_draft"] = core.config.n_draft;
     d["drafted_per_position"] = nb::cast(c.drafted_per_position);
     d["accepted_per_position"] = nb::cast(c.accepted_per_position);
+    d["draft_length_histogram"] = nb::cast(c.draft_length_histogram);
+    d["adaptive"] = core.policy != nullptr;
     nb::list stages;
     for (size_t i = 0; i < c.stages.size() && i < core.stage_types.size(); ++i) {
         const StageCounters & sc = c.stages[i];
@@ -705,6 +716,7 @@ static SpecConfig config_from_dict(const nb::dict & d) {
     dict_get(d, "methods", c.methods);
     dict_get(d, "n_draft", c.n_draft);
     dict_get(d, "n_draft_min", c.n_draft_min);
+    dict_get(d, "adaptive", c.adaptive);
     dict_get(d, "p_min", c.p_min);
     dict_get(d, "ngram_size_n", c.ngram_size_n);
     dict_get(d, "ngram_min_hits", c.ngram_min_hits);
@@ -751,6 +763,15 @@ void register_speculative(nb::module_ & m) {
              },
              nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
              "Start a speculative generation on a worker thread; returns its Run (releases the GIL).");
+
+    nb::class_<DraftLengthPolicy>(m, "DraftLengthPolicy",
+                                  "The adaptive draft-length policy (n_draft='auto'), exposed for tests.")
+        .def(nb::init<int32_t, int32_t>(), nb::arg("n_max"), nb::arg("n_min") = 0)
+        .def("choose", &DraftLengthPolicy::choose, "The draft length for the next verify.")
+        .def("observe", &DraftLengthPolicy::observe, nb::arg("n_requested"), nb::arg("n_drafted"),
+             nb::arg("n_accepted"), nb::arg("draft_us"), nb::arg("rest_us"), "What that verify did and cost.")
+        .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"))
+        .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"));
 
     m.def(
         "ngram_cache_create",

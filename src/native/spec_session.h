@@ -11,6 +11,7 @@
 #include <nanobind/nanobind.h>
 
 #include "speculative.h"  // common
+#include "adaptive.h"
 #include "generator.h"
 
 namespace llamaspec {
@@ -19,6 +20,7 @@ namespace llamaspec {
 struct SpecConfig {
     std::vector<std::string> methods;  // upstream names ("draft-mtp", "ngram-mod", ...), no duplicates
     int32_t n_draft = 3;               // the cap on every stage's draft, and the rollback depth
+    bool adaptive = false;             // choose the length per verify (n_draft is then the maximum)
     int32_t n_draft_min = 0;           // drafts shorter than this are dropped (draft models, ngram-mod)
     float p_min = 0.0f;                // draft models stop at a token below this probability
     int32_t ngram_size_n = 12;         // key length of ngram-simple / ngram-map-k / ngram-map-k4v
@@ -54,9 +56,11 @@ struct SpecCounters {
     std::vector<uint64_t> drafted_per_position;   // [n_draft]
     std::vector<uint64_t> accepted_per_position;  // [n_draft]
     std::vector<StageCounters> stages;            // [number of stages], in the order they are tried
+    std::vector<uint64_t> draft_length_histogram; // [n_draft + 1]: verifies by the draft length asked for
 
     SpecCounters(size_t n_draft = 0, size_t n_stages = 0)
-        : drafted_per_position(n_draft, 0), accepted_per_position(n_draft, 0), stages(n_stages, StageCounters(n_draft)) {}
+        : drafted_per_position(n_draft, 0), accepted_per_position(n_draft, 0), stages(n_stages, StageCounters(n_draft)),
+          draft_length_histogram(n_draft + 1, 0) {}
     void add(const SpecCounters & o);
     void clear();
 };
@@ -87,6 +91,7 @@ struct SpecCore {
     SpecConfig config;
     std::vector<common_speculative_type> stage_types;  // in the order upstream tries them
     std::unique_ptr<SpecStatsBox> stats;
+    std::unique_ptr<DraftLengthPolicy> policy;  // n_draft="auto"; what it learned carries over between calls
     common_speculative_ptr spec;
 };
 

@@ -1,0 +1,122 @@
+"""Adaptive draft length: fixed lengths 0..8 vs n_draft="auto", side by side in one run.
+
+Cases:
+  MTP on the speed fixture built for 100%, ~75% (n_draft 3) and 0% acceptance (the cycle prompt);
+  ngram-mod on SmolLM2 with a mixed text: a prompt that asks to repeat a list (drafting pays while
+  the list is copied), then free text once the list is done.
+Length 0 is plain decoding (llamaspec.Generator). For each case and thread count: greedy tokens/s,
+medians of --runs runs; every run measures every length back to back (so drifts hit all alike);
+auto's acceptance and mean chosen length come from Speculative.stats(). A fresh auto session per run
+(it learns from scratch within the call).
+
+Usage: python bench/adaptive.py [--runs 5] [--threads 1] [--tokens 256] [--lengths 0 1 2 3 4 5 6 7 8]
+       [--cases 100% ~75% 0% mixed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import llamaspec
+from llamaspec.fixtures import SPEED, write_qwen35_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mtp_speed import med, ours_rate  # noqa: E402
+from upstream import emit_report, timed  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LEVELS = {"100%": 0.0, "~75%": 0.14, "0%": 1.0}
+MIXED = (
+    "Copy this list twice, then write a short story about a fox.\n"
+    "apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango, nectarine\n"
+)
+
+
+def cases(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(name, model path, prompt, Speculative kwargs)"""
+    out = []
+    args.fixtures.mkdir(parents=True, exist_ok=True)
+    for level, wrong in LEVELS.items():
+        if level in args.cases:
+            info = write_qwen35_fixture(args.fixtures / f"speed-mtp-{wrong}.gguf", spec=SPEED, mtp_wrong_fraction=wrong)
+            with llamaspec.Model(info.path, vocab_only=True) as vm:
+                prompt = vm.detokenize(info.cycle[:8])
+            out.append((level, info.path, prompt, {"method": "mtp"}))
+    if "mixed" in args.cases:
+        sys.path.insert(0, str(ROOT))
+        from tests.conftest import smollm2_path
+
+        out.append(("mixed", str(smollm2_path()), MIXED, {"method": "ngram-mod", "ngram_options": {"n_match": 8}}))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--lengths", type=int, nargs="+", default=list(range(9)))
+    ap.add_argument("--cases", nargs="+", default=[*LEVELS, "mixed"])
+    ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+
+    rows = []
+    for name, path, prompt, kw in cases(args):
+        model = llamaspec.Model(path)
+        for threads in args.threads:
+            sessions: dict[str, llamaspec.Generator | llamaspec.Speculative] = {}
+            for n in args.lengths:
+                sessions[str(n)] = (llamaspec.Generator(model, n_ctx=1024, n_threads=threads) if n == 0 else
+                                    llamaspec.Speculative(model, n_draft=n, n_ctx=1024, n_threads=threads, **kw))
+            want = sessions[str(args.lengths[0])].generate(prompt, args.tokens, temperature=0)
+            rates: dict[str, list[float]] = {k: [] for k in [*sessions, "auto"]}
+            acc, mean_len, hist = [], [], None
+            for _ in range(args.runs):
+                for k, s in sessions.items():
+                    rates[k].append(ours_rate(s, prompt, args.tokens))
+                with llamaspec.Speculative(model, n_draft="auto", n_ctx=1024, n_threads=threads, **kw) as auto:
+                    text = auto.generate(prompt, args.tokens, temperature=0)  # its first call: timed
+                    assert text == want or name == "mixed", name  # SmolLM2: near-ties are the tests' business
+                    assert auto.last_stats is not None
+                    rates["auto"].append(auto.last_stats.tokens_per_second)
+                    st = auto.stats()
+                    acc.append(st.acceptance_rate)
+                    mean_len.append(st.mean_draft_length)
+                    hist = st.draft_length_histogram
+            for s in sessions.values():
+                s.close()
+            meds = {k: med(v) for k, v in rates.items()}
+            fixed = {k: v for k, v in meds.items() if k != "auto"}
+            best_k = max(fixed, key=lambda k: fixed[k])
+            row = dict(case=name, threads=threads, meds=meds, best=best_k, acc=med(acc), mean_len=med(mean_len),
+                       hist=hist)
+            rows.append(row)
+            print(f"  {name:>5} t={threads}: " + "  ".join(f"{k}:{v:.0f}" for k, v in meds.items())
+                  + f"  best fixed {best_k}; auto/best {meds['auto'] / fixed[best_k]:.2f}x, auto/plain "
+                  f"{meds['auto'] / meds.get('0', float('nan')):.2f}x, mean length {med(mean_len):.2f}", flush=True)
+        model.close()
+
+    lines = [
+        f"greedy, {args.tokens} tokens, medians of {args.runs} runs (every length measured back to back in each run); "
+        f"MTP cases: qwen35 speed fixture ({SPEED.n_trunk} layers, n_embd {SPEED.n_embd}); mixed: SmolLM2-135M "
+        "Q4_1, ngram-mod (n_match 8), a copy-a-list-then-write prompt. Length 0 = plain decoding.",
+        "",
+        "| case | threads | " + " | ".join(f"n_draft {k}" for k in args.lengths) + " | **auto** | best fixed "
+        "| **auto/best** | **auto/plain** | auto acceptance | auto mean length | auto lengths histogram (last run) |",
+        "| --- | --- | " + " | ".join("---" for _ in args.lengths) + " | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        m = r["meds"]
+        plain = m.get("0", float("nan"))
+        lines.append(f"| {r['case']} | {r['threads']} | " + " | ".join(f"{m[str(k)]:.1f}" for k in args.lengths)
+                     + f" | **{m['auto']:.1f}** | {r['best']} | **{m['auto'] / m[r['best']]:.2f}x** | "
+                     f"**{m['auto'] / plain:.2f}x** | {r['acc']:.3f} | {r['mean_len']:.2f} | {list(r['hist'] or ())} |")
+    emit_report("adaptive", lines, save=not args.no_save)
+
+
+if __name__ == "__main__":
+    timed(main)

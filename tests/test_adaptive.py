@@ -1,0 +1,135 @@
+"""n_draft="auto": the policy's behaviour on synthetic costs and acceptance (deterministic), and real
+sessions that stay lossless and record the lengths they chose. No timing asserts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+import llamaspec
+from llamaspec import MTP, InvalidOptionError, Speculative, Token, _native
+from llamaspec.fixtures import FixtureInfo
+
+N_MAX = 8
+
+
+def cost(batch: int) -> float:
+    """A verify that costs 1 ms plus 15% per extra token (the shape measured on CPUs)."""
+    return 1000.0 + 150.0 * (batch - 1)
+
+
+def drive(acceptance: Callable[[int], float], n: int = 400, seed: int = 1) -> list[int]:
+    """Run the policy against a drafter whose tokens are accepted with the given probability."""
+    rng = random.Random(seed)
+    policy = _native.DraftLengthPolicy(N_MAX, 0)
+    chosen = []
+    for i in range(n):
+        k = policy.choose()
+        chosen.append(k)
+        a = 0
+        while a < k and rng.random() < acceptance(i):
+            a += 1
+        policy.observe(k, k, a, 100.0 * k, cost(k + 1) * rng.uniform(0.9, 1.2))
+    return chosen
+
+
+pytestmark = pytest.mark.unit
+
+
+def test_policy_falls_to_zero_when_nothing_is_accepted() -> None:
+    chosen = drive(lambda i: 0.0)
+    tail = chosen[50:]
+    assert tail.count(0) / len(tail) > 0.85  # plain decoding, with rare probes
+    assert max(tail) <= 1  # the probes are one token long
+
+
+def test_policy_rises_to_the_maximum_when_everything_is_accepted() -> None:
+    tail = drive(lambda i: 1.0)[50:]
+    assert sum(k >= N_MAX - 1 for k in tail) / len(tail) > 0.9
+
+
+def test_policy_chooses_a_middle_length_at_75_percent() -> None:
+    tail = drive(lambda i: 0.75)[50:]
+    mean = sum(tail) / len(tail)
+    assert 1.5 < mean < 5.0  # the model's optimum is 2-4 for this cost curve
+
+
+@pytest.mark.parametrize("before, after", [(1.0, 0.0), (0.0, 1.0)])
+def test_policy_notices_a_change_of_text(before: float, after: float) -> None:
+    chosen = drive(lambda i: before if i < 200 else after)
+    # dropping out is fast (the drafts fail at once); coming back waits for a probe, which backs off
+    # to one every 32 plain steps while drafting does not pay
+    settled = chosen[240:300] if after == 0.0 else chosen[300:360]
+    if after == 0.0:
+        assert settled.count(0) / len(settled) > 0.8
+    else:
+        assert sum(k >= N_MAX - 1 for k in settled) / len(settled) > 0.8
+
+
+def test_policy_respects_n_min_and_its_model_is_monotone() -> None:
+    policy = _native.DraftLengthPolicy(6, 3)
+    seen = set()
+    for _ in range(100):
+        k = policy.choose()
+        seen.add(k)
+        policy.observe(k, k, k, 50.0 * k, cost(k + 1))
+    assert seen <= {0, 3, 4, 5, 6}
+    assert [policy.expected_tokens(k) for k in range(7)] == sorted(policy.expected_tokens(k) for k in range(7))
+
+
+# ------------------------------------------------------------------------------------------------
+# real sessions
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("level", ["100", "74", "0"])
+def test_auto_is_lossless_and_records_its_lengths(fx_mtp_levels: dict[str, FixtureInfo], level: str) -> None:
+    info = fx_mtp_levels[level]
+    with llamaspec.Model(info.path) as m, llamaspec.Generator(m, n_ctx=1024, n_threads=1) as plain, \
+            MTP(m, n_draft="auto", n_draft_max=6, n_ctx=1024, n_threads=1) as auto:
+        assert auto.adaptive and auto.n_draft == 6 and "auto" in repr(auto)
+        for prompt, n in (("hello", 300), (m.detokenize(info.cycle[3:9]), 120), ("x", 1), ("y", 2)):
+            want = [e.id for e in plain.stream_events(prompt, n, temperature=0) if isinstance(e, Token)]
+            got = [e.id for e in auto.stream_events(prompt, n, temperature=0) if isinstance(e, Token)]
+            assert got == want, (level, prompt, n)
+        st = auto.stats()
+        assert st.adaptive and len(st.draft_length_histogram) == 7
+        assert sum(st.draft_length_histogram) == st.iterations
+        assert st.drafts_generated <= sum(k * c for k, c in enumerate(st.draft_length_histogram))
+        assert 0.0 <= st.mean_draft_length <= 6
+        if level == "0":  # drafting never pays here, on any machine: plain steps dominate
+            assert st.draft_length_histogram[0] > st.iterations / 2
+            assert st.drafts_accepted == 0
+
+
+@pytest.mark.fixture
+def test_fixed_lengths_record_their_histogram_too(fx: llamaspec.Model) -> None:
+    with MTP(fx, n_draft=3, n_ctx=256, n_threads=1) as mtp:
+        mtp.generate("hello", 40, temperature=0)
+        st = mtp.stats()
+        assert not st.adaptive and len(st.draft_length_histogram) == 4
+        assert sum(st.draft_length_histogram) == st.iterations
+        assert st.draft_length_histogram[3] == st.iterations - sum(st.draft_length_histogram[:3])
+
+
+@pytest.mark.fixture
+def test_auto_with_ngram_and_sampling(fx_nomtp_info: FixtureInfo) -> None:
+    with llamaspec.Model(fx_nomtp_info.path) as m, llamaspec.Generator(m, n_ctx=1024, n_threads=1) as g, \
+            Speculative(m, method="ngram-mod", n_draft="auto", ngram_options={"n_match": 4}, n_ctx=1024,
+                        n_threads=1) as spec:
+        assert spec.generate("hello", 400, temperature=0) == g.generate("hello", 400, temperature=0)
+        kw = dict(temperature=5.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+        assert spec.generate("hello", 200, **kw) == g.generate("hello", 200, **kw)
+
+
+@pytest.mark.fixture
+def test_auto_options_are_checked(fx: llamaspec.Model) -> None:
+    with pytest.raises(InvalidOptionError, match="n_draft_max"):
+        MTP(fx, n_draft="auto", n_draft_max=0)
+    with pytest.raises(InvalidOptionError, match="n_draft_max applies"):
+        MTP(fx, n_draft=3, n_draft_max=5)
+    with pytest.raises(InvalidOptionError, match="n_draft"):
+        MTP(fx, n_draft="fast")  # type: ignore[arg-type]
+    with MTP(fx, n_draft="auto", n_ctx=256, n_threads=1) as auto:
+        assert auto.n_draft == 8  # the default maximum
