@@ -7,8 +7,8 @@ namespace llamaspec {
 
 namespace {
 constexpr double kDecay = 0.93;       // evidence fades over the last ~14 verifies (a change of text is noticed fast)
-constexpr double kAlphaDown = 0.5;    // cost EMAs follow a faster time quickly (warm-up and interference
-constexpr double kAlphaUp = 0.1;      // only ever slow a run down), a slower one slowly
+constexpr double kAlpha = 0.2;        // cost EMAs; symmetric (following faster times faster biased the
+                                      // estimates toward the length measured most: it looked cheapest)
 constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
 constexpr double kPriorTried = 1;
 constexpr double kExtraTokenCost = 0.25;  // verify slope guess (per extra token, relative) before two sizes are known
@@ -18,8 +18,7 @@ constexpr uint64_t kProbeEvery = 8;   // while drafting: try one position more, 
 
 void DraftLengthPolicy::CostTable::observe(size_t i, double us) {
     if (i >= ema.size()) return;
-    const double a = us < ema[i] ? kAlphaDown : kAlphaUp;
-    ema[i] = weight[i] > 0 ? (1 - a) * ema[i] + a * us : us;
+    ema[i] = weight[i] > 0 ? (1 - kAlpha) * ema[i] + kAlpha * us : us;
     weight[i] += 1;
 }
 
