@@ -63,11 +63,8 @@ double DraftLengthPolicy::CostTable::at(double x) const {
 DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
     : n_max_(std::max(1, n_max)), n_min_(std::max(1, n_min)),
       asked_(n_max_, 0.0), drafted_(n_max_, 0.0), tried_(n_max_, 0.0), accepted_(n_max_, 0.0) {
-    draft_.ema.assign(n_max_ + 1, 0.0);
-    draft_.weight.assign(n_max_ + 1, 0.0);
-    draft_.observe(0, 0.0);  // no draft call, no cost
-    rest_.ema.assign(n_max_ + 2, 0.0);
-    rest_.weight.assign(n_max_ + 2, 0.0);
+    iteration_us_.ema.assign(n_max_ + 1, 0.0);
+    iteration_us_.weight.assign(n_max_ + 1, 0.0);
     // calibration, twice: the longest draft, half of it, the shortest, none (verify costs are not
     // linear in the batch size, e.g. on hybrid models; the rest is interpolated and refined by probes)
     std::vector<int32_t> once;
@@ -99,12 +96,10 @@ double DraftLengthPolicy::expected_tokens(int32_t k) const {
 }
 
 double DraftLengthPolicy::expected_us(int32_t k) const {
-    double len = 0.0, chain = 1.0;  // expected drafts actually produced
-    for (int32_t i = 0; i < k && i < n_max_; ++i) {
-        chain *= p_drafted(i);
-        len += chain;
-    }
-    return draft_.at((double) k) + rest_.at(1.0 + len);
+    // measured per length asked for, as a whole (draft, verify, bookkeeping, sampling, emission):
+    // cost curves are bumpy (one batch size can be slower than both neighbours), so a length's own
+    // measurement beats any model of it; unmeasured lengths are interpolated
+    return iteration_us_.at((double) k);
 }
 
 int32_t DraftLengthPolicy::best() const {
@@ -168,10 +163,7 @@ void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t 
     }
     // the first calibration pass warms up each length's graphs (first decodes at a new batch size
     // allocate): its times are not the machine's steady state, so only the second pass is measured
-    if (iteration_ > calibration_.size() / 2) {
-        if (n_requested > 0) draft_.observe((size_t) n_requested, draft_us);
-        rest_.observe((size_t) n_drafted + 1, rest_us);
-    }
+    if (iteration_ > calibration_.size() / 2) iteration_us_.observe((size_t) n_requested, draft_us + rest_us);
     if (plain_probe) {
         // a probe from plain decoding: back off while drafting still does not pay (also when the
         // probe was accepted: on a model where a longer verify costs as much, acceptance alone is not

@@ -46,8 +46,7 @@ private:
     int32_t n_max_, n_min_;
     std::vector<double> asked_, drafted_;     // decayed counts per position
     std::vector<double> tried_, accepted_;    // decayed counts per position
-    CostTable draft_;                         // by the length asked for (index 0: no draft call)
-    CostTable rest_;                          // by the verify batch size (index b = 1 + drafts)
+    CostTable iteration_us_;                  // a whole verify, by the length asked for (0: a plain step)
     std::vector<int32_t> calibration_;        // the lengths of the first verifies
     uint64_t iteration_ = 0;
     uint64_t next_probe_ = 0;
