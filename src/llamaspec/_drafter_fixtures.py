@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llamaspec.fixtures import META_PREFIX, N_VOCAB, TOK_IM_START, FixtureInfo, simulate_greedy_speculation
+from llamaspec.fixtures import _hidden_chain_drafts, _token_chain_drafts, _wrong_step
 from llamaspec.fixtures import _add_tokenizer as _add_fixture_tokenizer
 
 __all__ = [
@@ -99,22 +100,11 @@ class DrafterInfo:
             The draft tokens, in order.
         """
         nxt, wrong = self.next_map, set(self.wrong)
-        out: list[int] = []
         if self.kind == "eagle3":
-            h = prev
-            for _ in range(k):
-                row = nxt[nxt[h]] if h in wrong else nxt[h]
-                out.append(nxt[row])
-                h = row
-        elif self.kind == "dflash":
-            first = nxt[nxt[last]] if last in wrong else nxt[last]
-            out = [first] * k
-        else:
-            x = last
-            for _ in range(k):
-                x = nxt[nxt[x]] if x in wrong else nxt[x]
-                out.append(x)
-        return out
+            return _hidden_chain_drafts(nxt, wrong, prev, k)
+        if self.kind == "dflash":
+            return [_wrong_step(nxt, wrong, last)] * k
+        return _token_chain_drafts(nxt, wrong, last, k)
 
     def simulate(self, prompt: list[int], n_draft: int, max_tokens: int) -> tuple[int, int, int]:
         """Predict a speculative run with this drafter from its construction, without running it.

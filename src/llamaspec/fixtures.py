@@ -100,16 +100,8 @@ class FixtureInfo:
             raise ValueError("this fixture has no MTP head")
         wrong = set(self.mtp_wrong)
         nxt = self.next_map
-
-        def drafts(prev: int, last: int, k: int) -> list[int]:
-            out, h = [], prev
-            for _ in range(k):
-                row = nxt[nxt[h]] if h in wrong else nxt[h]
-                out.append(nxt[row])
-                h = row
-            return out
-
-        return simulate_greedy_speculation(nxt, prompt, n_draft, max_tokens, drafts)
+        return simulate_greedy_speculation(nxt, prompt, n_draft, max_tokens,
+                                           lambda prev, last, k: _hidden_chain_drafts(nxt, wrong, prev, k))
 
     def greedy(self, last_token: int, n: int) -> list[int]:
         """The greedy continuation of a prompt that ends with ``last_token``."""
@@ -118,6 +110,31 @@ class FixtureInfo:
             x = self.next_map[x]
             out.append(x)
         return out
+
+
+def _wrong_step(next_map: list[int], wrong: set[int], x: int) -> int:
+    """What a fixture drafter maps x to: next(x), or next(next(x)) for its "wrong" tokens."""
+    return next_map[next_map[x]] if x in wrong else next_map[x]
+
+
+def _hidden_chain_drafts(next_map: list[int], wrong: set[int], prev: int, k: int) -> list[int]:
+    """k drafts of a head that reads the hidden state of the token before the newest one (the MTP
+    and EAGLE-3 fixtures): the hidden state walks the (redirected) cycle, the head emits next() of it."""
+    out, h = [], prev
+    for _ in range(k):
+        h = _wrong_step(next_map, wrong, h)
+        out.append(next_map[h])
+    return out
+
+
+def _token_chain_drafts(next_map: list[int], wrong: set[int], last: int, k: int) -> list[int]:
+    """k drafts of a drafter that chains its own tokens from the newest one (the draft-model and
+    DSpark fixtures)."""
+    out, x = [], last
+    for _ in range(k):
+        x = _wrong_step(next_map, wrong, x)
+        out.append(x)
+    return out
 
 
 def simulate_greedy_speculation(next_map: list[int], prompt: list[int], n_draft: int, max_tokens: int,
@@ -395,15 +412,8 @@ class DraftFixtureInfo:
         """
         wrong = set(self.wrong)
         nxt = self.target.next_map
-
-        def drafts(prev: int, last: int, k: int) -> list[int]:
-            out, x = [], last
-            for _ in range(k):
-                x = nxt[nxt[x]] if x in wrong else nxt[x]
-                out.append(x)
-            return out
-
-        return simulate_greedy_speculation(nxt, prompt, n_draft, max_tokens, drafts)
+        return simulate_greedy_speculation(nxt, prompt, n_draft, max_tokens,
+                                           lambda prev, last, k: _token_chain_drafts(nxt, wrong, last, k))
 
 
 def write_draft_fixture(
