@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -84,6 +84,11 @@ def fx_nomtp_q8_info(fixture_dir: Path) -> FixtureInfo:
 def fx(fx_info: FixtureInfo) -> Iterator[llamaspec.Model]:
     with llamaspec.Model(fx_info.path) as m:
         yield m
+
+
+def token_ids(events: Iterable[object]) -> list[int]:
+    """The ids of the Token events among a generation's events."""
+    return [e.id for e in events if isinstance(e, llamaspec.Token)]
 
 
 def proc_threads() -> int:

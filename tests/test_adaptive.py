@@ -9,8 +9,10 @@ from collections.abc import Callable
 import pytest
 
 import llamaspec
-from llamaspec import MTP, InvalidOptionError, Speculative, Token, _native
+from llamaspec import MTP, InvalidOptionError, Speculative, _native
 from llamaspec.fixtures import FixtureInfo
+
+from .conftest import token_ids
 
 N_MAX = 8
 
@@ -90,8 +92,8 @@ def test_auto_is_lossless_and_records_its_lengths(fx_mtp_levels: dict[str, Fixtu
             MTP(m, n_draft="auto", n_draft_max=6, n_ctx=1024, n_threads=1) as auto:
         assert auto.adaptive and auto.n_draft == 6 and "auto" in repr(auto)
         for prompt, n in (("hello", 300), (m.detokenize(info.cycle[3:9]), 120), ("x", 1), ("y", 2)):
-            want = [e.id for e in plain.stream_events(prompt, n, temperature=0) if isinstance(e, Token)]
-            got = [e.id for e in auto.stream_events(prompt, n, temperature=0) if isinstance(e, Token)]
+            want = token_ids(plain.stream_events(prompt, n, temperature=0))
+            got = token_ids(auto.stream_events(prompt, n, temperature=0))
             assert got == want, (level, prompt, n)
         st = auto.stats()
         assert st.adaptive and len(st.draft_length_histogram) == 7

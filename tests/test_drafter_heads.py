@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import llamaspec
-from llamaspec import Speculative, Token, UnsupportedModelError
+from llamaspec import Speculative, UnsupportedModelError
 from llamaspec.fixtures import (
     DrafterInfo,
     FixtureInfo,
@@ -18,6 +18,8 @@ from llamaspec.fixtures import (
     write_dspark_fixture,
     write_eagle3_fixture,
 )
+
+from .conftest import token_ids
 
 pytestmark = pytest.mark.fixture
 
@@ -27,9 +29,6 @@ WRITERS: dict[str, Callable[..., DrafterInfo]] = {
     "dspark": write_dspark_fixture,
 }
 
-
-def token_ids(events: list[object]) -> list[int]:
-    return [e.id for e in events if isinstance(e, Token)]
 
 
 @pytest.fixture(scope="module")

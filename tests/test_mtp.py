@@ -9,18 +9,15 @@ import time
 import pytest
 
 import llamaspec
-from llamaspec import MTP, BusyError, Done, EndOfGeneration, InvalidOptionError, Token, UnsupportedModelError
+from llamaspec import MTP, BusyError, Done, EndOfGeneration, InvalidOptionError, UnsupportedModelError
 from llamaspec.fixtures import FixtureInfo
 
-from .conftest import proc_threads
+from .conftest import proc_threads, token_ids
 
 pytestmark = pytest.mark.fixture
 
 LEVELS = ["100", "74", "0"]
 
-
-def token_ids(events: list[object]) -> list[int]:
-    return [e.id for e in events if isinstance(e, Token)]
 
 
 def prompts_for(m: llamaspec.Model, info: FixtureInfo) -> list[str]:

@@ -3,7 +3,6 @@ stages with per-stage statistics, cancel/reuse, typed errors."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +20,12 @@ from llamaspec import (
 )
 from llamaspec.fixtures import DraftFixtureInfo, FixtureInfo, write_draft_fixture
 
+from .conftest import token_ids
+
 NGRAM_METHODS = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
 # small keys so that the 95-token cycle of the fixtures repeats within a short generation
 FX_NGRAM = {"size_n": 3, "n_match": 4}
 
-
-def token_ids(events: list[object]) -> list[int]:
-    return [e.id for e in events if isinstance(e, Token)]
 
 
 def greedy(session: llamaspec.Generator | Speculative, prompt: str | list[int], n: int) -> list[int]:
