@@ -11,7 +11,7 @@ constexpr double kAlpha = 0.2;        // cost EMAs; symmetric (following faster 
                                       // estimates toward the length measured most: it looked cheapest)
 constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
 constexpr double kPriorTried = 1;
-constexpr double kExtraTokenCost = 0.25;  // verify slope guess (per extra token, relative) before two sizes are known
+constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
 constexpr uint32_t kProbeGapMin = 8, kProbeGapMax = 32;
 constexpr uint64_t kProbeEvery = 8;   // while drafting: try one position more, then one less, this often
 }  // namespace
@@ -29,7 +29,7 @@ std::vector<double> DraftLengthPolicy::CostTable::filled() const {
         if (weight[i] > 0) known.push_back(i);
     }
     std::vector<double> out(n, 1.0);
-    if (known.empty()) return out;  // no evidence yet: flat (choose() starts from a default length)
+    if (known.empty()) return out;  // no evidence yet: flat (the calibration verifies come first)
     auto slope_between = [&](size_t a, size_t b) {
         return std::max(0.0, (ema[b] - ema[a]) / (double) (b - a));
     };
@@ -43,21 +43,12 @@ std::vector<double> DraftLengthPolicy::CostTable::filled() const {
         } else if (i >= known.back()) {
             out[i] = ema[known.back()] + slope_hi * (double) (i - known.back());
         } else {
-            const size_t hi = *std::lower_bound(known.begin(), known.end(), i);
-            const size_t lo = *(std::lower_bound(known.begin(), known.end(), i) - (hi == i ? 0 : 1));
+            const auto it = std::lower_bound(known.begin(), known.end(), i);  // known.front() < i < known.back()
+            const size_t hi = *it, lo = hi == i ? hi : *(it - 1);
             out[i] = lo == hi ? ema[lo] : ema[lo] + (ema[hi] - ema[lo]) * (double) (i - lo) / (double) (hi - lo);
         }
     }
     return out;
-}
-
-double DraftLengthPolicy::CostTable::at(double x) const {
-    const std::vector<double> f = filled();
-    if (x <= 0) return f.front();
-    const size_t i = std::min(f.size() - 1, (size_t) std::floor(x));
-    if (i + 1 >= f.size()) return f.back();
-    const double t = x - (double) i;
-    return (1 - t) * f[i] + t * f[i + 1];
 }
 
 DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
@@ -79,34 +70,38 @@ double DraftLengthPolicy::p_drafted(int32_t i) const {
     return (drafted_[i] + 1.0) / (asked_[i] + 1.0);  // prior: the drafter delivers what is asked
 }
 
-double DraftLengthPolicy::p_accepted(int32_t i) const {
+std::vector<double> DraftLengthPolicy::expected_tokens_by_length() const {
+    std::vector<double> e(n_max_ + 1, 1.0);
+    double chain = 1.0;
     // position 0 shrinks toward 0.5; every later one toward the position before it (acceptance
     // tends to hold along a draft), so sparse evidence at long positions does not drag them to 0.5
-    const double prior = i == 0 ? kPriorAccepted / kPriorTried : p_accepted(i - 1);
-    return (accepted_[i] + prior * kPriorTried) / (tried_[i] + kPriorTried);
-}
-
-double DraftLengthPolicy::expected_tokens(int32_t k) const {
-    double e = 1.0, chain = 1.0;
-    for (int32_t i = 0; i < k && i < n_max_; ++i) {
-        chain *= p_drafted(i) * p_accepted(i);
-        e += chain;
+    double p_acc = kPriorAccepted / kPriorTried;
+    for (int32_t i = 0; i < n_max_; ++i) {
+        p_acc = (accepted_[i] + p_acc * kPriorTried) / (tried_[i] + kPriorTried);
+        chain *= p_drafted(i) * p_acc;
+        e[i + 1] = e[i] + chain;
     }
     return e;
 }
 
+double DraftLengthPolicy::expected_tokens(int32_t k) const {
+    return expected_tokens_by_length()[std::clamp(k, 0, n_max_)];
+}
+
 double DraftLengthPolicy::expected_us(int32_t k) const {
-    // measured per length asked for, as a whole (draft, verify, bookkeeping, sampling, emission):
-    // cost curves are bumpy (one batch size can be slower than both neighbours), so a length's own
-    // measurement beats any model of it; unmeasured lengths are interpolated
-    return iteration_us_.at((double) k);
+    return iteration_us_.filled()[std::clamp(k, 0, n_max_)];
 }
 
 int32_t DraftLengthPolicy::best() const {
+    // costs are measured per length asked for, as a whole (draft, verify, bookkeeping, sampling,
+    // emission): cost curves are bumpy (one batch size can be slower than both neighbours), so a
+    // length's own measurement beats any model of it; unmeasured lengths are interpolated
+    const std::vector<double> tokens = expected_tokens_by_length();
+    const std::vector<double> us = iteration_us_.filled();
     int32_t best_k = 0;
-    double best_rate = expected_tokens(0) / std::max(1e-9, expected_us(0));
+    double best_rate = tokens[0] / std::max(1e-9, us[0]);
     for (int32_t k = n_min_; k <= n_max_; ++k) {
-        const double rate = expected_tokens(k) / std::max(1e-9, expected_us(k));
+        const double rate = tokens[k] / std::max(1e-9, us[k]);
         if (rate > best_rate * 1.0001) {  // ties go to the shorter draft
             best_rate = rate;
             best_k = k;

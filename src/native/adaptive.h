@@ -33,14 +33,15 @@ private:
     // a cost table indexed by length, measured where used and interpolated / extrapolated elsewhere
     struct CostTable {
         std::vector<double> ema;     // microseconds
-        std::vector<double> weight;  // how much evidence (decayed count); 0: never measured
+        std::vector<double> weight;  // measurements so far; 0: never measured
         void observe(size_t i, double us);
-        double at(double x) const;   // linear interpolation over the filled-in table
         std::vector<double> filled() const;
     };
 
     double p_drafted(int32_t i) const;   // P(position i is drafted | asked for and all before accepted)
-    double p_accepted(int32_t i) const;  // P(position i is accepted | drafted and all before accepted)
+    // E(k) for k = 0..n_max in one pass over the positions (acceptance: P(position i is accepted |
+    // drafted and all before accepted))
+    std::vector<double> expected_tokens_by_length() const;
     int32_t best() const;
 
     int32_t n_max_, n_min_;
