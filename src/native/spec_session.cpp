@@ -445,6 +445,7 @@ void ngram_cache_create(const std::vector<llama_token> & tokens, const std::stri
     std::vector<llama_token> inp(tokens);
     common_ngram_cache_update(cache, LLAMA_NGRAM_STATIC, LLAMA_NGRAM_STATIC, inp, (int) inp.size(), false);
     {
+        // common_ngram_cache_save reports nothing when it cannot write: find out first
         std::ofstream probe(path, std::ios::binary);
         if (!probe) throw Error(ErrorKind::Generic, "cannot write the n-gram cache file '" + path + "'", 0, false, path);
     }
