@@ -99,3 +99,33 @@ def test_drafter_made_for_another_target_is_refused(target: llamaspec.Model, fx_
     msg = "target hidden states of width 384" if kind == "eagle3" else "width 384 differs"
     with pytest.raises(UnsupportedModelError, match=msg):
         Speculative(target, method=kind, draft_model=wide.path)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_a_shorter_draft_decodes_only_what_it_asks_for(fx_info: FixtureInfo, fx_nomtp_info: FixtureInfo,
+                                                        fixture_dir: Path, kind: str) -> None:
+    """Patch 0004: upstream's MTP and EAGLE-3 drafters ran their configured n_max steps and cut the
+    draft afterwards; a draft asked to be shorter (the last tokens of a call, n_draft="auto") now
+    decodes only its own length on the draft context."""
+    if kind == "mtp":
+        model = llamaspec.Model(fx_info.path)
+        head, info = None, fx_info
+    else:
+        model = llamaspec.Model(fx_nomtp_info.path)
+        info = fx_nomtp_info
+        head = llamaspec.Model(write_eagle3_fixture(fixture_dir / "e3-0.0.gguf", fx_nomtp_info).path)
+    try:
+        with Speculative(model, method=kind, draft_model=head, n_draft=8, n_ctx=256, n_threads=1,
+                         no_perf=False) as spec:
+            prompt = model.detokenize(info.cycle[:8])
+            spec.generate(prompt, 4, temperature=0)  # one verify, asking for 4 - 1 = 3 drafts
+            assert spec.stats().draft_length_histogram[3] == 1
+            draft_ctx = spec._native.draft
+            assert draft_ctx is not None
+            # one draft step per token (EAGLE-3's first step runs as a multi-row batch, which llama.cpp
+            # counts as a prompt evaluation); without the patch: 8 and 7
+            assert draft_ctx.perf()["eval_runs"] == (3 if kind == "mtp" else 2), draft_ctx.perf()
+    finally:
+        model.close()
+        if head is not None:
+            head.close()
