@@ -100,6 +100,9 @@ class SpecStats:
             plain step; the last tokens of a call ask for less than the rest).
         adaptive: the session chooses the length per verify (``n_draft="auto"``); n_draft is then
             the maximum.
+        shadow_drafts: with ``n_draft="auto"``, plain steps that also asked the drafter for a token
+            without verifying it (to measure acceptance at no verify cost); not in drafts_generated.
+        shadow_accepted: shadow drafts whose token equalled the one the plain step produced.
     """
 
     iterations: int
@@ -116,6 +119,8 @@ class SpecStats:
     stages: tuple[StageStats, ...] = ()
     draft_length_histogram: tuple[int, ...] = ()
     adaptive: bool = False
+    shadow_drafts: int = 0
+    shadow_accepted: int = 0
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SpecStats:
@@ -136,6 +141,8 @@ class SpecStats:
             stages=tuple(StageStats._from_native(sd) for sd in d.get("stages", ())),
             draft_length_histogram=tuple(int(x) for x in d.get("draft_length_histogram", ())),
             adaptive=bool(d.get("adaptive", False)),
+            shadow_drafts=int(d.get("shadow_drafts", 0)),
+            shadow_accepted=int(d.get("shadow_accepted", 0)),
         )
 
     @property

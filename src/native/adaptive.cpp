@@ -12,8 +12,10 @@ constexpr double kAlpha = 0.2;        // cost EMAs; symmetric (following faster 
 constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
 constexpr double kPriorTried = 1;
 constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
-constexpr uint32_t kProbeGapMin = 8, kProbeGapMax = 32;
 constexpr uint64_t kProbeEvery = 8;   // while drafting: try one position more, then one less, this often
+constexpr uint32_t kFirstShadows = 3; // shadow drafts before the first decision (with the prior: 2 misses say "plain")
+constexpr double kShadowBudget = 0.03;  // shadow drafts may cost up to 3% of plain decoding...
+constexpr uint32_t kShadowGapMax = 32;  // ...but come at least this often
 }  // namespace
 
 void DraftLengthPolicy::CostTable::observe(size_t i, double us) {
@@ -29,7 +31,7 @@ std::vector<double> DraftLengthPolicy::CostTable::filled() const {
         if (weight[i] > 0) known.push_back(i);
     }
     std::vector<double> out(n, 1.0);
-    if (known.empty()) return out;  // no evidence yet: flat (the calibration verifies come first)
+    if (known.empty()) return out;  // no evidence yet: flat (plain steps are measured first)
     auto slope_between = [&](size_t a, size_t b) {
         return std::max(0.0, (ema[b] - ema[a]) / (double) (b - a));
     };
@@ -52,18 +54,11 @@ std::vector<double> DraftLengthPolicy::CostTable::filled() const {
 }
 
 DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
-    : n_max_(std::max(1, n_max)), n_min_(std::max(1, n_min)),
+    : n_max_(std::max(1, n_max)), n_min_(std::clamp(n_min, 1, std::max(1, n_max))),
       asked_(n_max_, 0.0), drafted_(n_max_, 0.0), tried_(n_max_, 0.0), accepted_(n_max_, 0.0) {
     iteration_us_.ema.assign(n_max_ + 1, 0.0);
     iteration_us_.weight.assign(n_max_ + 1, 0.0);
-    // calibration, twice: the longest draft, half of it, the shortest, none (verify costs are not
-    // linear in the batch size, e.g. on hybrid models; the rest is interpolated and refined by probes)
-    std::vector<int32_t> once;
-    for (int32_t k : {n_max_, std::max(n_min_, n_max_ / 2), n_min_, 0}) {
-        if (std::find(once.begin(), once.end(), k) == once.end()) once.push_back(k);
-    }
-    calibration_ = once;
-    calibration_.insert(calibration_.end(), once.begin(), once.end());
+    warmed_.assign(n_max_ + 1, false);
 }
 
 double DraftLengthPolicy::p_drafted(int32_t i) const {
@@ -110,25 +105,71 @@ int32_t DraftLengthPolicy::best() const {
     return best_k;
 }
 
+uint32_t DraftLengthPolicy::shadow_gap() const {
+    const double plain_us = iteration_us_.weight[0] > 0 ? iteration_us_.ema[0] : 0.0;
+    if (shadow_us_ <= 0 || plain_us <= 0) return 1;
+    const double gap = std::ceil(shadow_us_ / (kShadowBudget * plain_us));
+    return (uint32_t) std::clamp(gap, 1.0, (double) kShadowGapMax);
+}
+
 int32_t DraftLengthPolicy::choose() {
     const uint64_t it = iteration_++;
-    probing_ = -1;
-    if (it < calibration_.size()) return calibration_[it];  // measure the cost curve at a few lengths first
-    const int32_t k = best();
-    if (k == 0) {
-        if (it >= next_probe_) {  // drafting did not pay: look again now and then
-            next_probe_ = it + probe_gap_;
-            probing_ = n_min_;
-            return n_min_;
+    shadow_ = false;
+    if (!calibration_.empty()) {  // measure the cost curve at a few lengths
+        const int32_t k = calibration_.front();
+        calibration_.erase(calibration_.begin());
+        return k;
+    }
+    // start plain, looking with shadow drafts: nothing is verified until acceptance makes it worth it
+    if (shadows_ < kFirstShadows || iteration_us_.weight[0] == 0) {
+        shadow_ = true;
+        return 0;
+    }
+    const int32_t k = best();  // with only the plain cost measured, longer verifies get a guessed slope
+    if (k > 0 && !calibrated_) {
+        // drafting may pay: measure what verifies really cost, at the longest draft, half of it and
+        // the shortest, twice (the first of each allocates graphs and is not measured; verify costs
+        // are not linear in the batch size, e.g. on hybrid models; the rest is interpolated and
+        // refined by the probes below)
+        calibrated_ = true;
+        std::vector<int32_t> once;
+        for (int32_t c : {n_max_, std::max(n_min_, n_max_ / 2), n_min_}) {
+            if (std::find(once.begin(), once.end(), c) == once.end()) once.push_back(c);
+        }
+        calibration_ = once;
+        calibration_.insert(calibration_.end(), once.begin(), once.end());
+        const int32_t first = calibration_.front();
+        calibration_.erase(calibration_.begin());
+        return first;
+    }
+    if (k == 0) {  // drafting does not pay: keep looking, with shadow drafts
+        if (it >= next_shadow_) {
+            shadow_ = true;
+            next_shadow_ = it + shadow_gap();
         }
         return 0;
     }
     if (it % kProbeEvery == kProbeEvery - 1) {  // learn the neighbours: one position more, one less
         const bool longer = (it / kProbeEvery) % 2 == 0;
-        if (longer && k < n_max_) return probing_ = k + 1;
-        if (!longer) return probing_ = (k - 1 >= n_min_ ? k - 1 : 0);
+        if (longer && k < n_max_) return k + 1;
+        if (!longer) return k - 1 >= n_min_ ? k - 1 : 0;
     }
     return k;
+}
+
+void DraftLengthPolicy::observe_shadow(bool drafted, bool accepted, double draft_us) {
+    // the same evidence as a one-position draft that was verified, without the verify
+    for (auto * v : {&asked_, &drafted_, &tried_, &accepted_}) {
+        for (double & x : *v) x *= kDecay;
+    }
+    asked_[0] += 1.0;
+    if (drafted) {
+        drafted_[0] += 1.0;
+        tried_[0] += 1.0;
+        accepted_[0] += accepted ? 1.0 : 0.0;
+    }
+    shadow_us_ = shadows_ > 0 ? (1 - kAlpha) * shadow_us_ + kAlpha * draft_us : draft_us;
+    ++shadows_;
 }
 
 void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t n_accepted, double draft_us,
@@ -138,14 +179,10 @@ void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t 
     n_accepted = std::clamp(n_accepted, 0, n_drafted);
     // all evidence fades with every draft, also at positions this one did not reach: a position
     // that is no longer observed drifts back to its prior instead of keeping a stale estimate. Plain
-    // steps observe nothing and fade nothing (the probes look again).
-    // A probe from plain decoding that is accepted in full is a surprise: the text has changed, so
-    // half of the old evidence goes at once.
-    const bool plain_probe = iteration_ > calibration_.size() && probing_ >= 0 && probing_ == n_min_;
-    const double fade = plain_probe && n_accepted == n_requested && n_requested > 0 ? 0.5 : kDecay;
+    // steps observe nothing and fade nothing (their shadow drafts, reported apart, do).
     if (n_requested > 0) {
         for (auto * v : {&asked_, &drafted_, &tried_, &accepted_}) {
-            for (double & x : *v) x *= fade;
+            for (double & x : *v) x *= kDecay;
         }
     }
     for (int32_t i = 0; i < n_requested && i <= n_drafted; ++i) {  // asked, and the one before was drafted
@@ -156,15 +193,13 @@ void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t 
         tried_[i] += 1.0;
         accepted_[i] += i < n_accepted ? 1.0 : 0.0;
     }
-    // the first calibration pass warms up each length's graphs (first decodes at a new batch size
-    // allocate): its times are not the machine's steady state, so only the second pass is measured
-    if (iteration_ > calibration_.size() / 2) iteration_us_.observe((size_t) n_requested, draft_us + rest_us);
-    if (plain_probe) {
-        // a probe from plain decoding: back off while drafting still does not pay (also when the
-        // probe was accepted: on a model where a longer verify costs as much, acceptance alone is not
-        // enough), look often again once it does
-        probe_gap_ = best() == 0 ? std::min(kProbeGapMax, probe_gap_ * 2) : kProbeGapMin;
+    // the first verify of each length warms up its graphs (first decodes at a new batch size
+    // allocate): not the machine's steady state, so it is not measured
+    if (!warmed_[(size_t) n_requested]) {
+        warmed_[(size_t) n_requested] = true;
+        return;
     }
+    iteration_us_.observe((size_t) n_requested, draft_us + rest_us);
 }
 
 }  // namespace llamaspec

@@ -16,8 +16,19 @@ public:
     // dropped by the drafter anyway, so the choice is 0 or within [max(1, n_min), n_max].
     DraftLengthPolicy(int32_t n_max, int32_t n_min);
 
-    // The draft length for the next verify.
+    // The draft length for the next verify; 0 is a plain step.
     int32_t choose();
+
+    // Whether the plain step just chosen should carry a shadow draft: the drafter proposes
+    // shadow_length() tokens that are not verified; the caller compares the first with the token the
+    // plain step produces and reports it with observe_shadow(). Acceptance is measured without paying
+    // for a verify (ADR 0009).
+    bool shadow() const { return shadow_; }
+    int32_t shadow_length() const { return n_min_; }
+
+    // What a shadow draft did: whether the drafter produced a token, whether it equals the token the
+    // plain step sampled, and the time the drafter took, in microseconds.
+    void observe_shadow(bool drafted, bool accepted, double draft_us);
 
     // What that verify did: the length asked for, the drafts the drafter actually produced, how many
     // the target accepted, and the time spent drafting and in the rest of the iteration (verify,
@@ -43,16 +54,20 @@ private:
     // drafted and all before accepted))
     std::vector<double> expected_tokens_by_length() const;
     int32_t best() const;
+    uint32_t shadow_gap() const;  // plain steps between shadow drafts: their cost within a budget
 
     int32_t n_max_, n_min_;
     std::vector<double> asked_, drafted_;     // decayed counts per position
     std::vector<double> tried_, accepted_;    // decayed counts per position
     CostTable iteration_us_;                  // a whole verify, by the length asked for (0: a plain step)
-    std::vector<int32_t> calibration_;        // the lengths of the first verifies
+    std::vector<bool> warmed_;                // by length: the first one (graph allocation) was not measured
+    std::vector<int32_t> calibration_;        // lengths still to measure, in order (filled once drafting may pay)
+    bool calibrated_ = false;
     uint64_t iteration_ = 0;
-    uint64_t next_probe_ = 0;
-    uint32_t probe_gap_ = 8;                  // iterations between probes while drafting does not pay
-    int32_t probing_ = -1;                    // the length of the probe in flight, -1: none
+    uint64_t next_shadow_ = 0;
+    uint32_t shadows_ = 0;                    // shadow drafts observed
+    double shadow_us_ = 0;                    // their cost (EMA), 0: none yet
+    bool shadow_ = false;                     // the step just chosen carries a shadow draft
 };
 
 }  // namespace llamaspec

@@ -42,6 +42,8 @@ void SpecCounters::add(const SpecCounters & o) {
     drafts_generated += o.drafts_generated;
     drafts_accepted += o.drafts_accepted;
     tokens_emitted += o.tokens_emitted;
+    shadow_drafts += o.shadow_drafts;
+    shadow_accepted += o.shadow_accepted;
     rate_tokens += o.rate_tokens;
     window_s += o.window_s;
     draft_us += o.draft_us;
@@ -552,7 +554,7 @@ void SpecRun::work() {
     llama_pos n_past = n_prefix;
     common_speculative_begin(spec, seq, prompt_tgt);
 
-    llama_tokens draft;
+    llama_tokens draft, shadow_draft;
     const int32_t n_ctx = (int32_t) core.tgt->n_ctx();
     const char * reason = "length";
     bool finished = false;
@@ -565,24 +567,33 @@ void SpecRun::work() {
         // draft: never more than the tokens still wanted after the one the verify yields anyway
         const int32_t remaining = req_.max_tokens - stats.tokens;
         const int32_t wanted = core.policy ? core.policy->choose() : n_draft;
-        const int32_t n_max = std::max(0, std::min({wanted, remaining - 1, n_ctx - (int32_t) n_past - 2}));
+        const int32_t room = std::min(remaining - 1, n_ctx - (int32_t) n_past - 2);
+        const int32_t n_max = std::max(0, std::min(wanted, room));
+        // a shadow draft (n_draft="auto", plain step): drafted, compared with what the plain step
+        // samples, never verified
+        const bool shadow = core.policy && n_max == 0 && core.policy->shadow() &&
+                            core.policy->shadow_length() <= room;
+        const int32_t n_ask = shadow ? core.policy->shadow_length() : n_max;
         ++delta.draft_length_histogram[(size_t) n_max];
         Clock::time_point t0 = Clock::now();
         draft.clear();
+        shadow_draft.clear();
         int stage = -1;  // the stage that produced this draft
-        if (n_max > 0) {
+        if (n_ask > 0) {
             common_speculative_get_draft_params(spec, seq) = {
                 /* .drafting = */ true,
-                /* .n_max    = */ n_max,
+                /* .n_max    = */ n_ask,
                 /* .pos0     = */ n_past,
                 /* .id_last  = */ id_last,
                 /* .prompt   = */ &prompt_tgt,
                 /* .result   = */ &draft,
             };
             common_speculative_draft(spec);
-            if ((int32_t) draft.size() > n_max) draft.resize(n_max);
+            if ((int32_t) draft.size() > n_ask) draft.resize(n_ask);
             add_stage_draft_time(spec, stage_t_draft, delta);
-            if (!draft.empty()) {
+            if (shadow) {
+                shadow_draft.swap(draft);  // the verify below is a plain step
+            } else if (!draft.empty()) {
                 const common_speculative_type t = common_speculative_get_last_type(spec, seq);
                 for (size_t i = 0; i < n_stages; ++i) {
                     if (core.stage_types[i] == t) stage = (int) i;
@@ -624,7 +635,15 @@ void SpecRun::work() {
         const std::vector<llama_token> ids = common_sampler_sample_and_accept_n(smpl_.get(), ctx_tgt, draft);
         delta.sample_us += us_since(t0);
         const size_t n_acc = ids.size() - 1;
-        common_speculative_accept(spec, seq, (uint16_t) n_acc);
+        // a shadow draft that matched is reported as accepted: the drafter's own bookkeeping (n-gram
+        // statistics, low-acceptance resets) then sees what really happened; hidden-state drafters
+        // clamp to the rows verified, here the one row of the plain step
+        const bool shadow_hit = !shadow_draft.empty() && shadow_draft[0] == ids[0];
+        common_speculative_accept(spec, seq, (uint16_t) (shadow_hit ? 1 : n_acc));
+        if (shadow) {
+            ++delta.shadow_drafts;
+            delta.shadow_accepted += shadow_hit ? 1 : 0;
+        }
 
         ++delta.iterations;
         ++call.iterations;
@@ -667,7 +686,10 @@ void SpecRun::work() {
         if (ctx_dft) llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
         core.stats->try_fold(delta);  // publish; never waits for a reader
         if (core.policy) {
-            core.policy->observe(n_max, (int32_t) draft.size(), (int32_t) n_acc, iteration_draft_us, us_since(t_rest));
+            if (shadow) core.policy->observe_shadow(!shadow_draft.empty(), shadow_hit, iteration_draft_us);
+            // a shadow step's cost is a plain step's: its drafting time is reported apart, above
+            core.policy->observe(n_max, (int32_t) draft.size(), (int32_t) n_acc, shadow ? 0.0 : iteration_draft_us,
+                                 us_since(t_rest));
         }
     }
     close_window();
@@ -683,6 +705,8 @@ static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters
     d["drafts_generated"] = c.drafts_generated;
     d["drafts_accepted"] = c.drafts_accepted;
     d["tokens_emitted"] = c.tokens_emitted;
+    d["shadow_drafts"] = c.shadow_drafts;
+    d["shadow_accepted"] = c.shadow_accepted;
     d["rate_tokens"] = c.rate_tokens;
     d["window_s"] = c.window_s;
     d["draft_us"] = c.draft_us;
@@ -771,6 +795,11 @@ void register_speculative(nb::module_ & m) {
         .def("choose", &DraftLengthPolicy::choose, "The draft length for the next verify.")
         .def("observe", &DraftLengthPolicy::observe, nb::arg("n_requested"), nb::arg("n_drafted"),
              nb::arg("n_accepted"), nb::arg("draft_us"), nb::arg("rest_us"), "What that verify did and cost.")
+        .def_prop_ro("shadow", &DraftLengthPolicy::shadow,
+                     "Whether the plain step just chosen carries a shadow draft (drafted, not verified).")
+        .def_prop_ro("shadow_length", &DraftLengthPolicy::shadow_length, "The length of a shadow draft.")
+        .def("observe_shadow", &DraftLengthPolicy::observe_shadow, nb::arg("drafted"), nb::arg("accepted"),
+             nb::arg("draft_us"), "What a shadow draft did: produced a token, matched the plain step's, its cost.")
         .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"))
         .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"));
 

@@ -50,6 +50,8 @@ struct SpecCounters {
     uint64_t drafts_generated = 0;  // draft tokens proposed
     uint64_t drafts_accepted = 0;   // draft tokens the target accepted
     uint64_t tokens_emitted = 0;    // Token events
+    uint64_t shadow_drafts = 0;     // n_draft="auto": unverified one-token looks during plain steps
+    uint64_t shadow_accepted = 0;   // ... whose token equalled the one the plain step sampled
     uint64_t rate_tokens = 0;       // sum over calls of (tokens - 1): the numerator of tokens/s
     double window_s = 0;            // sum over calls of first-to-last-token time
     double draft_us = 0, verify_us = 0, sample_us = 0, prefill_us = 0, total_us = 0;
