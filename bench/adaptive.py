@@ -87,6 +87,7 @@ def main() -> None:
                     rates[k].append(ours_rate(s, prompt, args.tokens))
             st = auto.stats()
             acc, mean_len, hist = st.acceptance_rate, st.mean_draft_length, st.draft_length_histogram
+            shadows = f"{st.shadow_accepted}/{st.shadow_drafts}"
             auto.close()
             for s in sessions.values():
                 s.close()
@@ -94,7 +95,7 @@ def main() -> None:
             fixed = {k: v for k, v in meds.items() if k != "auto"}
             best_k = max(fixed, key=lambda k: fixed[k])
             row = dict(case=name, threads=threads, meds=meds, best=best_k, acc=acc, mean_len=mean_len, hist=hist,
-                       first=first_call)
+                       first=first_call, shadows=shadows)
             rows.append(row)
             print(f"  {name:>5} t={threads}: " + "  ".join(f"{k}:{v:.0f}" for k, v in meds.items())
                   + f"  best fixed {best_k}; auto/best {meds['auto'] / fixed[best_k]:.2f}x, auto/plain "
@@ -109,8 +110,8 @@ def main() -> None:
         "",
         "| case | threads | " + " | ".join(f"n_draft {k}" for k in args.lengths) + " | **auto** | best fixed "
         "| **auto/best** | **auto/plain** | auto acceptance | auto mean length | auto lengths histogram (timed runs) "
-        "| auto first call tok/s (/best) |",
-        "| --- | --- | " + " | ".join("---" for _ in args.lengths) + " | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| auto shadow drafts (matched/all) | auto first call tok/s (/best) |",
+        "| --- | --- | " + " | ".join("---" for _ in args.lengths) + " | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         m = r["meds"]
@@ -118,7 +119,7 @@ def main() -> None:
         lines.append(f"| {r['case']} | {r['threads']} | " + " | ".join(f"{m[str(k)]:.1f}" for k in args.lengths)
                      + f" | **{m['auto']:.1f}** | {r['best']} | **{m['auto'] / m[r['best']]:.2f}x** | "
                      f"**{m['auto'] / plain:.2f}x** | {r['acc']:.3f} | {r['mean_len']:.2f} | {list(r['hist'])} | "
-                     f"{r['first']:.1f} ({r['first'] / m[r['best']]:.2f}x) |")
+                     f"{r['shadows']} | {r['first']:.1f} ({r['first'] / m[r['best']]:.2f}x) |")
     emit_report("adaptive", lines, save=not args.no_save)
 
 

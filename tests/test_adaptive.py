@@ -165,3 +165,24 @@ def test_auto_options_are_checked(fx: llamaspec.Model) -> None:
         MTP(fx, n_draft="fast")  # type: ignore[arg-type]
     with MTP(fx, n_draft="auto", n_ctx=256, n_threads=1) as auto:
         assert auto.n_draft == 8  # the default maximum
+
+
+@pytest.mark.fixture
+def test_plain_steps_do_not_decode_the_mtp_head(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    """Patch 0005: the MTP head's catch-up decode is deferred to the next draft, so an auto session
+    at 0% (plain steps, shadow drafts now and then) decodes on its MTP context about twice per
+    shadow draft (the catch-up of the rows since the last one, the one-token draft) instead of once
+    per token; before the patch every plain step was one MTP decode."""
+    info = fx_mtp_levels["0"]
+    with llamaspec.Model(info.path) as m, MTP(m, n_draft="auto", n_ctx=1024, n_threads=1, no_perf=False) as auto:
+        auto.generate(m.detokenize(info.cycle[:8]), 400, temperature=0)
+        st = auto.stats()
+        assert st.drafts_generated == 0 and st.iterations >= 399
+        draft_ctx = auto._native.draft
+        assert draft_ctx is not None
+        perf = draft_ctx.perf()
+        # single-token decodes: one-token drafts and one-row catch-ups; longer catch-ups count as prompt tokens
+        assert perf["eval_runs"] <= 2 * st.shadow_drafts
+        # ...and every token reached the head (the catch-ups are not skipped): prompt + generated
+        assert perf["prompt_tokens"] + perf["eval_runs"] >= st.iterations
+        assert st.shadow_drafts < st.iterations / 3
