@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -83,7 +83,7 @@ class _StreamingSession:
 
     def _init_session(self) -> None:
         self._lock = threading.Lock()
-        self._active: _native.Run | None = None
+        self._active: list[_native.Run] = []  # running calls (several on multi-sequence sessions)
         self._last_stats: GenerationStats | None = None
         self._closed = False
 
@@ -121,14 +121,14 @@ class _StreamingSession:
         sync_log_level()
         run = engine.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root)
         with self._lock:
-            self._active = run
+            self._active.append(run)
         return run
 
     def _finish(self, run: _native.Run) -> None:
         run.close()
         with self._lock:
-            if self._active is run:
-                self._active = None
+            if run in self._active:
+                self._active.remove(run)
 
     def _convert(self, ev: tuple[Any, ...]) -> Event:
         kind = ev[0]
@@ -142,8 +142,10 @@ class _StreamingSession:
 
     # -- sync iteration --------------------------------------------------------------------------
 
-    def _iterate(self, req: _Request) -> Iterator[Event]:
+    def _iterate(self, req: _Request, on_start: Callable[[_native.Run], None] | None = None) -> Iterator[Event]:
         run = self._start(req)
+        if on_start is not None:
+            on_start(run)
         try:
             pull = _Pull(self, run, req)
             while True:
@@ -254,25 +256,23 @@ class _StreamingSession:
     @property
     def busy(self) -> bool:
         """True while a generation is running."""
-        return self._active is not None
+        return bool(self._active)
 
     def cancel(self) -> None:
-        """Stop the running generation, from any thread (no-op when idle).
+        """Stop the running generation (every running one, on a multi-sequence session), from any
+        thread (no-op when idle).
 
         The consumer then receives Done with finish_reason "cancelled"; a prompt being decoded is
         interrupted at the next graph node.
         """
         with self._lock:
-            run = self._active
-        if run is not None:
+            runs = list(self._active)
+        for run in runs:
             run.cancel()
 
     def _close_session(self) -> None:
         self._closed = True
-        with self._lock:
-            run = self._active
-        if run is not None:
-            run.cancel()
+        self.cancel()
 
     @property
     def model(self) -> Model:

@@ -50,6 +50,7 @@ class GenerationStats:
         iterations: verify passes of the target (speculative sessions; 0 for plain generation).
         drafts_generated: draft tokens proposed in this call (speculative sessions).
         drafts_accepted: draft tokens accepted in this call (speculative sessions).
+        seq: the sequence the call ran on (speculative sessions with n_seq > 1; else 0).
     """
 
     prompt_tokens: int
@@ -64,6 +65,7 @@ class GenerationStats:
     iterations: int = 0
     drafts_generated: int = 0
     drafts_accepted: int = 0
+    seq: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -72,7 +74,7 @@ class GenerationStats:
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> GenerationStats:
-        for k in ("iterations", "drafts_generated", "drafts_accepted"):
+        for k in ("iterations", "drafts_generated", "drafts_accepted", "seq"):
             if k in d:
                 d[k] = int(d[k])
         return cls(**d)

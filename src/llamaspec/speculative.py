@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -82,7 +84,10 @@ class SpecStats:
     Every snapshot is internally consistent: the counters (totals and stages) were copied together.
 
     Attributes:
-        iterations: verify passes of the target (the prompt pass is not one).
+        iterations: verifies (the prompt pass is not one); on a multi-sequence session, summed
+            over the sequences.
+        passes: target verify passes; one pass verifies every sequence that is decoding, so with
+            several sequences passes < iterations (with one, they are equal).
         drafts_generated: draft tokens proposed.
         drafts_accepted: draft tokens the target accepted.
         acceptance_rate: drafts_accepted / drafts_generated (0.0 when nothing was drafted).
@@ -121,6 +126,7 @@ class SpecStats:
     adaptive: bool = False
     shadow_drafts: int = 0
     shadow_accepted: int = 0
+    passes: int = 0
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SpecStats:
@@ -143,6 +149,7 @@ class SpecStats:
             adaptive=bool(d.get("adaptive", False)),
             shadow_drafts=int(d.get("shadow_drafts", 0)),
             shadow_accepted=int(d.get("shadow_accepted", 0)),
+            passes=int(d.get("passes", it)),
         )
 
     @property
@@ -274,6 +281,7 @@ class Speculative(_StreamingSession):
         ngram_cache: str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]] | None = None,
         ngram_options: Mapping[str, int] | None = None,
         n_ctx: int = 2048,
+        n_seq: int = 1,
         **options: Any,
     ) -> None:
         """Check the configuration, load the draft model if given as a path, and build the target
@@ -303,8 +311,12 @@ class Speculative(_StreamingSession):
             ngram_options: n-gram tuning: "size_n" (key length of ngram-simple / -map-k / -map-k4v,
                 default 12), "min_hits" (ngram-map-k / -k4v, default 1), "n_match" (ngram-mod,
                 default 24).
-            n_ctx: context size for the target and the draft context.
-            **options: other context options (see Context), applied to both contexts.
+            n_ctx: context size of each sequence, for the target and the draft context.
+            n_seq: sequences decoded together, in [1, 64]: up to n_seq calls (``stream`` from
+                different threads or tasks, ``generate_batch``) run at once, each on its own
+                sequence, and share every draft and verify pass. ``n_draft="auto"`` needs n_seq=1.
+            **options: other context options (see Context), applied to both contexts. ``n_batch``
+                must hold a verify of every sequence: n_seq * (1 + n_draft) tokens.
 
         Raises:
             InvalidOptionError: an unknown method, a bad combination or value (n_draft, n_draft_min,
@@ -329,10 +341,13 @@ class Speculative(_StreamingSession):
             if n_draft_max is not None and n_draft_max != n_draft:
                 raise InvalidOptionError("n_draft_max applies to n_draft='auto' (with an int n_draft it is n_draft)")
         n_draft_min = _int_option("n_draft_min", n_draft_min, 0, n_draft)
+        n_seq = _int_option("n_seq", n_seq, 1, 64)
+        if adaptive and n_seq > 1:
+            raise InvalidOptionError("n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence")
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise InvalidOptionError(f"p_min must be a number within [0, 1], got {p_min!r}")
         config: dict[str, Any] = {"methods": methods, "n_draft": n_draft, "n_draft_min": n_draft_min,
-                                  "p_min": float(p_min), "adaptive": adaptive}
+                                  "p_min": float(p_min), "adaptive": adaptive, "n_seq": n_seq}
         if ngram_options is not None:
             if not isinstance(ngram_options, Mapping):
                 raise InvalidOptionError(f"ngram_options must be a mapping, got {ngram_options!r}")
@@ -390,6 +405,7 @@ class Speculative(_StreamingSession):
         self._engine = self._native
         self._draft_model = dm
         self._n_draft = n_draft
+        self._n_seq = n_seq
         self._adaptive = adaptive
         self._methods = tuple(self._native.methods)
         self._context = Context._from_native(model, self._native.target, opts)
@@ -398,6 +414,16 @@ class Speculative(_StreamingSession):
     def n_draft(self) -> int:
         """Maximum draft tokens per verify (with ``n_draft="auto"``: n_draft_max)."""
         return self._n_draft
+
+    @property
+    def n_seq(self) -> int:
+        """Sequences this session decodes together (calls that may run at once)."""
+        return self._n_seq
+
+    @property
+    def n_running(self) -> int:
+        """Calls running now (each on its own sequence)."""
+        return len(self._active)
 
     @property
     def adaptive(self) -> bool:
@@ -464,20 +490,79 @@ class Speculative(_StreamingSession):
         finally:
             await agen.aclose()  # type: ignore[attr-defined]
 
+    def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, timeout: float | None = 60.0, *,
+                       prefill_timeout: float | None = None, **sampling: Any) -> list[str]:
+        """Generate for several prompts at once, n_seq at a time, sharing every draft and verify
+        pass; each output is what ``generate`` gives for that prompt alone.
+
+        Args:
+            prompts: texts or token-id lists.
+            max_tokens, timeout, prefill_timeout, **sampling: as for ``generate``, for every prompt
+                (a ``seed`` gives every prompt the same seed).
+
+        Returns:
+            The generated texts, in the order of the prompts.
+
+        Raises:
+            As ``generate``; the first error of any prompt is raised after every call has stopped.
+            BusyError: other calls hold the sequences this one needs.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise InvalidOptionError("prompts must be a sequence of prompts (texts or token-id lists)")
+        reqs = [self._prepare(p, max_tokens, timeout, prefill_timeout, dict(sampling)) for p in prompts]
+        if not reqs:
+            return []
+        started: list[_native.Run] = []
+        lock = threading.Lock()
+
+        def on_start(run: _native.Run) -> None:
+            with lock:
+                started.append(run)
+
+        def one(req: Any) -> str:
+            events = self._iterate(req, on_start)
+            try:
+                return "".join(ev.text for ev in events if isinstance(ev, Token))
+            finally:
+                events.close()  # type: ignore[attr-defined]
+
+        with ThreadPoolExecutor(max_workers=min(self._n_seq, len(reqs)),
+                                thread_name_prefix="llamaspec-batch") as pool:
+            futures = [pool.submit(one, r) for r in reqs]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                with lock:
+                    for run in started:
+                        run.cancel()
+                raise
+
     def _require(self) -> _native.SpecSession:
         native = self._native
         if native is None:
             raise ClosedError(f"this {type(self).__name__} session is closed")
         return native
 
-    def stats(self) -> SpecStats:
+    def stats(self, seq: int | None = None) -> SpecStats:
         """Cumulative statistics, with one StageStats per stage; readable from any thread, also
         mid-stream, without blocking it.
 
+        Args:
+            seq: None for the session's totals, or a sequence (0 .. n_seq - 1; a call's sequence is
+                ``Done.stats.seq``) for the calls that ran on it. The totals' counts are the sums of
+                the sequences'; their times count each shared draft or verify pass once (a
+                sequence's times are those of the passes it took part in), and their tokens/s is
+                the session's throughput (tokens over the time any sequence was generating).
+
         Raises:
+            InvalidOptionError: seq is out of range.
             ClosedError: the session is closed.
         """
-        return SpecStats._from_native(self._require().stats())
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self._n_seq):
+            raise InvalidOptionError(f"seq must be None or within [0, {self._n_seq}), got {seq!r}")
+        return SpecStats._from_native(self._require().stats(-1 if seq is None else seq))
 
     def reset_stats(self) -> None:
         """Zero the cumulative statistics.

@@ -44,7 +44,8 @@ public:
     llama_context * get() const { return ctx_; }
     const std::shared_ptr<Model> & model() const { return model_; }
     const llama_context_params & params() const { return params_; }
-    uint32_t n_ctx() const { return llama_n_ctx(ctx_); }
+    // tokens one sequence may hold (the whole context for single-sequence contexts)
+    uint32_t n_ctx() const { return llama_n_ctx_seq(ctx_); }
 
     // Cooperative cancellation: while set, llama_decode returns 2 at the next graph node.
     void request_abort() { abort_.store(true, std::memory_order_relaxed); }

@@ -220,12 +220,21 @@ Run::Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, 
 // itself; this one is only the last guard.
 Run::~Run() { close(); }
 
-void Run::launch() {
+void Run::mark_start() {
     t_start_ = Clock::now();
     stats_.prompt_tokens = (int32_t) req_.prompt.size();
     stats_.seed = common_sampler_get_seed(smpl_.get());
+}
+
+void Run::launch() {
+    mark_start();
     ctx_->clear_abort();
     worker_ = std::thread([this] { guarded_work(); });
+}
+
+void Run::join_worker() {
+    if (worker_.joinable()) worker_.join();
+    ctx_->clear_abort();
 }
 
 void Run::cancel() {
@@ -237,8 +246,7 @@ void Run::close() {
     std::lock_guard<std::mutex> lock(close_mutex_);
     if (closed_) return;
     cancel();
-    if (worker_.joinable()) worker_.join();
-    ctx_->clear_abort();
+    join_worker();
     closed_ = true;
     busy_->store(false);
 }
@@ -404,7 +412,8 @@ void register_generator(nb::module_ & m) {
                  r.close();
              },
              "Cancel, wait for the worker and free the Generator for the next call (releases the GIL).")
-        .def_prop_ro("closed", &Run::closed);
+        .def_prop_ro("closed", &Run::closed)
+        .def_prop_ro("seq", &Run::seq, "The sequence this call decodes on (0 but in multi-sequence sessions).");
 
     nb::class_<Generator>(m, "Generator", "Plain generation engine (native core; use llamaspec.Generator).")
         .def(nb::init<std::shared_ptr<Context>>(), nb::arg("context"))

@@ -143,20 +143,31 @@ public:
     Run(const Run &) = delete;
     Run & operator=(const Run &) = delete;
 
-    void launch();
+    // Starts the work: a worker thread running work() (or, for a sequence of a multi-sequence
+    // session, hands it to the session's engine).
+    virtual void launch();
     // Next event, or nullopt after `timeout` (negative: wait forever).
     std::optional<Event> next(std::chrono::microseconds timeout) { return queue_.pop(timeout); }
     // Asks the worker to stop at the next step, or at the next graph node inside a decode.
     virtual void cancel();
     // cancel() + join the worker + release the engine. Idempotent. Call without the GIL.
     void close();
+    // The sequence id this call decodes on (0 but for multi-sequence sessions).
+    virtual int32_t seq() const { return 0; }
     bool closed() const { return closed_; }
 
 protected:
     virtual void work() = 0;
+    // Waits until nothing works for this call any more (close() after cancel()): joins the worker
+    // thread and clears the context's abort flag.
+    virtual void join_worker();
+    // What launch() records before the work starts: start time, prompt size, seed.
+    void mark_start();
     // Pushes Done with the call's stats (and a subclass's extra figures).
     void finish(GenStats & stats, const char * reason, std::vector<std::pair<std::string, double>> extra = {});
     bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+    // Sets the cancel flag only (no abort of a decode in flight).
+    void flag_cancel() { cancel_.store(true); }
     // Runs work() and turns an exception into a Failure event.
     void guarded_work();
     // Emits one sampled token: end-of-generation, or a Token event with the max_tokens and

@@ -37,7 +37,7 @@ void StageCounters::add(const StageCounters & o) {
     add_vec(accepted_per_position, o.accepted_per_position);
 }
 
-void SpecCounters::add(const SpecCounters & o) {
+void SpecCounters::add_counts(const SpecCounters & o) {
     iterations += o.iterations;
     drafts_generated += o.drafts_generated;
     drafts_accepted += o.drafts_accepted;
@@ -45,16 +45,25 @@ void SpecCounters::add(const SpecCounters & o) {
     shadow_drafts += o.shadow_drafts;
     shadow_accepted += o.shadow_accepted;
     rate_tokens += o.rate_tokens;
+    add_vec(drafted_per_position, o.drafted_per_position);
+    add_vec(accepted_per_position, o.accepted_per_position);
+    add_vec(draft_length_histogram, o.draft_length_histogram);
+    for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) {
+        const double t = stages[i].draft_us;
+        stages[i].add(o.stages[i]);
+        stages[i].draft_us = t;
+    }
+}
+
+void SpecCounters::add_timing(const SpecCounters & o) {
+    passes += o.passes;
     window_s += o.window_s;
     draft_us += o.draft_us;
     verify_us += o.verify_us;
     sample_us += o.sample_us;
     prefill_us += o.prefill_us;
     total_us += o.total_us;
-    add_vec(drafted_per_position, o.drafted_per_position);
-    add_vec(accepted_per_position, o.accepted_per_position);
-    add_vec(draft_length_histogram, o.draft_length_histogram);
-    for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) stages[i].add(o.stages[i]);
+    for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) stages[i].draft_us += o.stages[i].draft_us;
 }
 
 void SpecCounters::clear() {
@@ -62,28 +71,30 @@ void SpecCounters::clear() {
     *this = std::move(fresh);
 }
 
-bool SpecStatsBox::try_fold(SpecCounters & delta) {
-    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
-    totals_.add(delta);
-    delta.clear();
+bool SpecStatsBox::fold(int32_t seq, SpecCounters & seq_delta, SpecCounters & engine_delta, bool wait) {
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    if (wait) {
+        lock.lock();
+    } else if (!lock.try_lock()) {
+        return false;
+    }
+    totals_.add_counts(seq_delta);
+    totals_.add_timing(engine_delta);
+    if (seq >= 0 && (size_t) seq < per_seq_.size()) per_seq_[(size_t) seq].add(seq_delta);
+    seq_delta.clear();
+    engine_delta.clear();
     return true;
 }
 
-void SpecStatsBox::fold(SpecCounters & delta) {
+SpecCounters SpecStatsBox::snapshot(int32_t seq) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    totals_.add(delta);
-    delta.clear();
-}
-
-SpecCounters SpecStatsBox::snapshot() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return totals_;
+    return seq >= 0 && (size_t) seq < per_seq_.size() ? per_seq_[(size_t) seq] : totals_;
 }
 
 void SpecStatsBox::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     totals_.clear();
+    for (auto & c : per_seq_) c.clear();
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -342,14 +353,31 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
     if (!config.ngram_cache_static.empty()) check_ngram_cache_file(config.ngram_cache_static, *model, "static");
     if (!config.ngram_cache_dynamic.empty()) check_ngram_cache_file(config.ngram_cache_dynamic, *model, "dynamic");
 
+    const int32_t n_seq = config.n_seq;
+    if (n_seq < 1 || n_seq > 64) {
+        throw Error(ErrorKind::InvalidOption, "n_seq must be within [1, 64], got " + std::to_string(n_seq));
+    }
+    if (n_seq > 1 && config.adaptive) {
+        throw Error(ErrorKind::InvalidOption,
+                    "n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence (see ADR 0012)");
+    }
+    if ((int64_t) n_seq * (1 + n_draft) > (int64_t) params.n_batch) {
+        throw Error(ErrorKind::InvalidOption, "n_batch (" + std::to_string(params.n_batch) + ") must hold a verify of every " +
+                                                  "sequence: n_seq * (1 + n_draft) = " + std::to_string(n_seq * (1 + n_draft)));
+    }
+
     auto core = std::make_shared<SpecCore>();
     core->config = config;
 
     // target: keep n_draft recurrent-state snapshots per sequence (rollback of rejected drafts on
     // recurrent/hybrid models) and room for 1 + n_draft output rows per verify
-    const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, 1, n_draft);
+    // n_seq sequences of n_ctx tokens each, in separate cache streams
+    const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, n_seq, n_draft);
     llama_context_params tp = params;
     tp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
+    tp.n_seq_max = (uint32_t) n_seq;
+    tp.n_ctx = params.n_ctx * (uint32_t) n_seq;
+    tp.kv_unified = false;
     tp.n_rs_seq = (uint32_t) n_draft;
     tp.n_outputs_max = (uint32_t) limits.total;
     tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
@@ -366,8 +394,9 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
     // the draft context: same size as the target, built against it
     if (model_type != COMMON_SPECULATIVE_TYPE_NONE) {
         llama_context_params dp = params;
-        dp.n_ctx = core->tgt->n_ctx();
-        dp.n_seq_max = 1;  // the speculative state drafts for one sequence (draft-simple checks this)
+        dp.n_ctx = llama_n_ctx(core->tgt->get());
+        dp.n_seq_max = (uint32_t) n_seq;  // as many as the speculative state (draft-simple checks this)
+        dp.kv_unified = false;
         dp.n_rs_seq = 0;
         dp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
         std::shared_ptr<Model> dm = draft_model;
@@ -414,7 +443,7 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
         common_speculative * spec = nullptr;
         try {
             // must run before the first target decode: it switches on the target's hidden-row output
-            spec = common_speculative_init(sp, 1);
+            spec = common_speculative_init(sp, (uint32_t) n_seq);
         } catch (const std::exception & e) {
             // upstream's own checks (most are made above, with better messages)
             const std::string what = e.what();
@@ -430,17 +459,20 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
         core->spec.reset(spec);
     }
     for (const auto & st : common_speculative_get_impl_stats(core->spec.get())) core->stage_types.push_back(st.type);
-    core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size());
+    core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size(), (size_t) n_seq);
     if (config.adaptive) core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min);
 
     auto s = std::shared_ptr<SpecSession>(new SpecSession());
+    s->engine_ = std::make_shared<SpecEngine>(core);
     s->core_ = std::move(core);
     return s;
 }
 
-std::shared_ptr<Run> SpecSession::start(GenRequest req) {
-    return start_run<SpecRun>(*core_->tgt, busy_, std::move(req), "session", core_);
-}
+std::shared_ptr<Run> SpecSession::start(GenRequest req) { return engine_->start(engine_, std::move(req)); }
+
+bool SpecSession::busy() const { return engine_->n_taken() >= core_->config.n_seq; }
+
+int32_t SpecSession::n_running() const { return engine_->n_taken(); }
 
 void ngram_cache_create(const std::vector<llama_token> & tokens, const std::string & path) {
     common_ngram_cache cache;
@@ -455,253 +487,12 @@ void ngram_cache_create(const std::vector<llama_token> & tokens, const std::stri
 }
 
 // ---------------------------------------------------------------------------------------------------
-// the speculative loop
-
-SpecRun::SpecRun(std::shared_ptr<SpecCore> core, std::shared_ptr<std::atomic<bool>> busy, GenRequest req,
-                 common_sampler_ptr smpl)
-    : Run(core->tgt, std::move(busy), std::move(req), std::move(smpl)), core_(std::move(core)) {}
-
-void SpecRun::cancel() {
-    Run::cancel();
-    if (core_->dft) core_->dft->request_abort();
-}
-
-namespace {
-double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
-
-// Per-stage time inside draft(): upstream's own counters, read around each draft call.
-void add_stage_draft_time(const common_speculative * spec, std::vector<int64_t> & last, SpecCounters & delta) {
-    const auto now = common_speculative_get_impl_stats(spec);
-    for (size_t i = 0; i < now.size() && i < delta.stages.size(); ++i) {
-        if (i < last.size()) delta.stages[i].draft_us += (double) (now[i].t_draft_us - last[i]);
-    }
-    last.resize(now.size());
-    for (size_t i = 0; i < now.size(); ++i) last[i] = now[i].t_draft_us;
-}
-}  // namespace
-
-void SpecRun::work() {
-    SpecCore & core = *core_;
-    llama_context * ctx_tgt = core.tgt->get();
-    llama_context * ctx_dft = core.dft ? core.dft->get() : nullptr;
-    common_speculative * spec = core.spec.get();
-    const llama_vocab * vocab = core.tgt->model()->vocab();
-    const llama_seq_id seq = 0;
-    const int32_t n_draft = core.config.n_draft;
-    const size_t n_stages = core.stage_types.size();
-    GenStats & stats = stats_;
-    TokenEmitter emitter(vocab, queue_, req_.stop);
-    SpecCounters delta((size_t) n_draft, n_stages);  // folded into the session's stats as we go
-    SpecCounters call((size_t) n_draft, n_stages);   // this call's figures, for Done
-    std::vector<int64_t> stage_t_draft;              // upstream's per-stage draft time, last reading
-    add_stage_draft_time(spec, stage_t_draft, delta);
-    if (core.dft) core.dft->clear_abort();
-
-    auto done = [&](const char * reason) {
-        delta.total_us += us_since(t_start_);
-        if (stats.tokens > 1) {
-            delta.rate_tokens += stats.tokens - 1;
-            delta.window_s += stats.generation_s;
-        }
-        core.stats->fold(delta);
-        finish(stats, reason,
-               {{"iterations", (double) call.iterations},
-                {"drafts_generated", (double) call.drafts_generated},
-                {"drafts_accepted", (double) call.drafts_accepted}});
-    };
-    auto drafter_failed = [&](const char * what) {
-        throw Error(ErrorKind::Generic, std::string("the drafter (") +
-                                            common_speculative_type_name_str(core.stage_types) + ") failed to process " + what);
-    };
-
-    // a fresh start for every call: both caches and the recurrent state
-    core.tgt->clear_memory();
-    if (core.dft) core.dft->clear_memory();
-
-    // prefill: every prompt token but the last, in n_batch chunks, each fed to the drafter
-    const Clock::time_point t_prefill = Clock::now();
-    const std::vector<llama_token> & prompt = req_.prompt;
-    const int32_t n_prefix = (int32_t) prompt.size() - 1;
-    const int32_t n_batch = (int32_t) std::max<uint32_t>(1, llama_n_batch(ctx_tgt));
-    common_batch batch(ctx_tgt);
-    for (int32_t start = 0; start < n_prefix; start += n_batch) {
-        batch.clear();
-        for (int32_t i = start; i < std::min(n_prefix, start + n_batch); ++i) {
-            batch.add(prompt[i], i, seq, false);
-        }
-        if (!decode_ok(llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get()), "prompt decode") ||
-            cancelled()) {
-            stats.prefill_s = seconds(Clock::now() - t_prefill);
-            done("cancelled");
-            return;
-        }
-        if (!common_speculative_process(spec, batch)) {
-            if (cancelled()) {  // the abort reached the draft context's catch-up decode
-                stats.prefill_s = seconds(Clock::now() - t_prefill);
-                done("cancelled");
-                return;
-            }
-            drafter_failed("the prompt");
-        }
-    }
-    for (llama_token t : prompt) common_sampler_accept(smpl_.get(), t, false);
-    stats.prefill_s = seconds(Clock::now() - t_prefill);
-    delta.prefill_us += stats.prefill_s * 1e6;
-
-    llama_tokens prompt_tgt(prompt.begin(), prompt.end() - 1);
-    prompt_tgt.reserve(core.tgt->n_ctx());
-    llama_token id_last = prompt.back();
-    llama_pos n_past = n_prefix;
-    common_speculative_begin(spec, seq, prompt_tgt);
-
-    llama_tokens draft, shadow_draft;
-    const int32_t n_ctx = (int32_t) core.tgt->n_ctx();
-    const char * reason = "length";
-    bool finished = false;
-    while (!finished) {
-        if (cancelled()) {
-            emitter.abandon();
-            reason = "cancelled";
-            break;
-        }
-        // draft: never more than the tokens still wanted after the one the verify yields anyway
-        const int32_t remaining = req_.max_tokens - stats.tokens;
-        const int32_t wanted = core.policy ? core.policy->choose() : n_draft;
-        const int32_t room = std::min(remaining - 1, n_ctx - (int32_t) n_past - 2);
-        const int32_t n_max = std::max(0, std::min(wanted, room));
-        // a shadow draft (n_draft="auto", plain step): drafted, compared with what the plain step
-        // samples, never verified
-        const bool shadow = core.policy && n_max == 0 && core.policy->shadow() &&
-                            core.policy->shadow_length() <= room;
-        const int32_t n_ask = shadow ? core.policy->shadow_length() : n_max;
-        ++delta.draft_length_histogram[(size_t) n_max];
-        Clock::time_point t0 = Clock::now();
-        draft.clear();
-        shadow_draft.clear();
-        int stage = -1;  // the stage that produced this draft
-        if (n_ask > 0) {
-            common_speculative_get_draft_params(spec, seq) = {
-                /* .drafting = */ true,
-                /* .n_max    = */ n_ask,
-                /* .pos0     = */ n_past,
-                /* .id_last  = */ id_last,
-                /* .prompt   = */ &prompt_tgt,
-                /* .result   = */ &draft,
-            };
-            common_speculative_draft(spec);
-            if ((int32_t) draft.size() > n_ask) draft.resize(n_ask);
-            add_stage_draft_time(spec, stage_t_draft, delta);
-            if (shadow) {
-                shadow_draft.swap(draft);  // the verify below is a plain step
-            } else if (!draft.empty()) {
-                const common_speculative_type t = common_speculative_get_last_type(spec, seq);
-                for (size_t i = 0; i < n_stages; ++i) {
-                    if (core.stage_types[i] == t) stage = (int) i;
-                }
-            }
-        }
-        // the draft context must not run ahead of the target's positions
-        if (ctx_dft) {
-            llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), seq) + 1, -1);
-        }
-        const double iteration_draft_us = us_since(t0);
-        delta.draft_us += iteration_draft_us;
-
-        // verify [id_last, draft...] on the target, all rows with logits
-        t0 = Clock::now();
-        const Clock::time_point t_rest = t0;
-        batch.clear();
-        batch.add(id_last, n_past++, seq, true);
-        for (size_t i = 0; i < draft.size(); ++i) {
-            batch.add(draft[i], n_past + (llama_pos) i, seq, true);
-        }
-        if (!decode_ok(llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get()), "verify decode")) {
-            emitter.abandon();
-            reason = "cancelled";
-            break;
-        }
-        if (!common_speculative_process(spec, batch)) {
-            emitter.abandon();
-            if (cancelled()) {
-                reason = "cancelled";
-                break;
-            }
-            drafter_failed("the verify batch");
-        }
-        delta.verify_us += us_since(t0);
-
-        // sample every row with the target's sampler: one draw per emitted token, as plain decoding
-        t0 = Clock::now();
-        const std::vector<llama_token> ids = common_sampler_sample_and_accept_n(smpl_.get(), ctx_tgt, draft);
-        delta.sample_us += us_since(t0);
-        const size_t n_acc = ids.size() - 1;
-        // a shadow draft that matched is reported as accepted: the drafter's own bookkeeping (n-gram
-        // statistics, low-acceptance resets) then sees what really happened; hidden-state drafters
-        // clamp to the rows verified, here the one row of the plain step
-        const bool shadow_hit = !shadow_draft.empty() && shadow_draft[0] == ids[0];
-        common_speculative_accept(spec, seq, (uint16_t) (shadow_hit ? 1 : n_acc));
-        if (shadow) {
-            ++delta.shadow_drafts;
-            delta.shadow_accepted += shadow_hit ? 1 : 0;
-        }
-
-        ++delta.iterations;
-        ++call.iterations;
-        delta.drafts_generated += draft.size();
-        call.drafts_generated += draft.size();
-        delta.drafts_accepted += n_acc;
-        call.drafts_accepted += n_acc;
-        for (size_t i = 0; i < draft.size() && i < delta.drafted_per_position.size(); ++i) {
-            ++delta.drafted_per_position[i];
-            if (i < n_acc) ++delta.accepted_per_position[i];
-        }
-        if (stage >= 0) {
-            StageCounters & sc = delta.stages[(size_t) stage];
-            ++sc.drafts;
-            sc.drafts_generated += draft.size();
-            sc.drafts_accepted += n_acc;
-            for (size_t i = 0; i < draft.size() && i < sc.drafted_per_position.size(); ++i) {
-                ++sc.drafted_per_position[i];
-                if (i < n_acc) ++sc.accepted_per_position[i];
-            }
-        }
-        n_past += (llama_pos) n_acc;
-
-        // emit, exactly up to max_tokens, an end-of-generation token or a stop string
-        const int32_t before = stats.tokens;
-        for (llama_token id : ids) {
-            prompt_tgt.push_back(id_last);
-            id_last = id;
-            if (const char * r = emit(emitter, id)) {
-                reason = r;
-                finished = true;
-                break;
-            }
-        }
-        delta.tokens_emitted += (uint64_t) (stats.tokens - before);
-        if (finished) break;
-
-        // drop the rejected positions from both caches
-        llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq, n_past, -1);
-        if (ctx_dft) llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
-        core.stats->try_fold(delta);  // publish; never waits for a reader
-        if (core.policy) {
-            if (shadow) core.policy->observe_shadow(!shadow_draft.empty(), shadow_hit, iteration_draft_us);
-            // a shadow step's cost is a plain step's: its drafting time is reported apart, above
-            core.policy->observe(n_max, (int32_t) draft.size(), (int32_t) n_acc, shadow ? 0.0 : iteration_draft_us,
-                                 us_since(t_rest));
-        }
-    }
-    close_window();
-    done(reason);
-}
-
-// ---------------------------------------------------------------------------------------------------
 // bindings
 
 static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters & c, const SpecCore & core) {
     nb::typed<nb::dict, nb::str, nb::any> d;
     d["iterations"] = c.iterations;
+    d["passes"] = c.passes;
     d["drafts_generated"] = c.drafts_generated;
     d["drafts_accepted"] = c.drafts_accepted;
     d["tokens_emitted"] = c.tokens_emitted;
@@ -748,6 +539,7 @@ static SpecConfig config_from_dict(const nb::dict & d) {
     dict_get(d, "ngram_mod_n_match", c.ngram_mod_n_match);
     dict_get(d, "ngram_cache_static", c.ngram_cache_static);
     dict_get(d, "ngram_cache_dynamic", c.ngram_cache_dynamic);
+    dict_get(d, "n_seq", c.n_seq);
     return c;
 }
 
@@ -774,9 +566,15 @@ void register_speculative(nb::module_ & m) {
                          return names;
                      },
                      "The stages, in the order upstream tries them for each draft.")
-        .def_prop_ro("busy", &SpecSession::busy)
-        .def("stats", [](const SpecSession & s) { return counters_to_dict(s.core()->stats->snapshot(), *s.core()); },
-             "A consistent snapshot of the cumulative counters (never waits for the generation).")
+        .def_prop_ro("n_seq", [](const SpecSession & s) { return s.core()->config.n_seq; })
+        .def_prop_ro("busy", &SpecSession::busy, "Every sequence is taken.")
+        .def_prop_ro("n_running", &SpecSession::n_running, "Sequences taken by a generation.")
+        .def(
+            "stats",
+            [](const SpecSession & s, int32_t seq) { return counters_to_dict(s.core()->stats->snapshot(seq), *s.core()); },
+            nb::arg("seq") = -1,
+            "A consistent snapshot of the cumulative counters, in total (seq < 0) or of one sequence (never "
+            "waits for the generation).")
         .def("reset_stats", [](SpecSession & s) { s.core()->stats->reset(); })
         .def("start",
              [](SpecSession & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
@@ -787,7 +585,7 @@ void register_speculative(nb::module_ & m) {
                  return s.start(std::move(req));
              },
              nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
-             "Start a speculative generation on a worker thread; returns its Run (releases the GIL).");
+             "Start a speculative generation on a free sequence; returns its Run (releases the GIL).");
 
     nb::class_<DraftLengthPolicy>(m, "DraftLengthPolicy",
                                   "The adaptive draft-length policy (n_draft='auto'), exposed for tests.")
