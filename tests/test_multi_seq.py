@@ -100,17 +100,19 @@ def test_each_call_is_what_it_is_alone(fx_mtp_levels: dict[str, FixtureInfo], n_
 
 
 @pytest.mark.fixture
-@pytest.mark.parametrize("method", ["draft", "dspark", "ngram-mod"])
+@pytest.mark.parametrize("method", ["draft", "dspark", "dflash", "ngram-mod"])
 def test_other_drafters_batch_losslessly(fx_nomtp_info: FixtureInfo, fixture_dir: Any, method: str) -> None:
     """Draft models and drafter heads draft for all sequences in one call; n-gram methods per
     sequence. Greedy outputs equal the calls alone; for the model drafters, so do the counts."""
-    from llamaspec.fixtures import write_draft_fixture, write_dspark_fixture
+    from llamaspec.fixtures import write_dflash_fixture, write_draft_fixture, write_dspark_fixture
 
     kw: dict[str, Any] = {"method": method}
     if method == "draft":
         kw["draft_model"] = write_draft_fixture(fixture_dir / "ms-draft.gguf", fx_nomtp_info, wrong_fraction=0.3).path
     elif method == "dspark":
         kw["draft_model"] = write_dspark_fixture(fixture_dir / "ms-dspark.gguf", fx_nomtp_info, wrong_fraction=0.3).path
+    elif method == "dflash":
+        kw["draft_model"] = write_dflash_fixture(fixture_dir / "ms-dflash.gguf", fx_nomtp_info, wrong_fraction=0.3).path
     else:
         kw["ngram_options"] = {"n_match": 4}
     with llamaspec.Model(fx_nomtp_info.path) as m:

@@ -399,7 +399,9 @@ void SpecEngine::iterate(std::vector<SeqState *> & ready) {
     // verify every sequence's [id_last, draft...] in one target pass, all rows with logits
     t0 = Clock::now();
     const Clock::time_point t_rest = t0;
-    common_batch batch(ctx_tgt);
+    if (!verify_batch_) verify_batch_ = std::make_unique<common_batch>(ctx_tgt);
+    common_batch & batch = *verify_batch_;
+    batch.clear();
     for (SeqState * s : ready) {
         const llama_seq_id seq = s->run->seq_;
         s->i_batch = batch.size();

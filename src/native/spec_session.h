@@ -212,6 +212,7 @@ private:
     std::thread worker_;
 
     // engine thread only
+    std::unique_ptr<common_batch> verify_batch_;  // reused by every pass
     SpecCounters shared_;                 // times of the passes (each once), for the totals
     std::vector<int64_t> stage_t_draft_;  // upstream's per-stage draft time, last reading
     int32_t n_live_ = 0, n_generating_ = 0;
