@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace llamaspec {
 
@@ -12,7 +13,8 @@ constexpr double kAlpha = 0.2;        // cost EMAs; symmetric (following faster 
 constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
 constexpr double kPriorTried = 1;
 constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
-constexpr uint64_t kProbeEvery = 8;   // while drafting: try one position more, then one less, this often
+constexpr uint64_t kProbeEvery = 8;   // while drafting: learn another length this often
+constexpr double kCostNoise = 0.15;   // a length whose rate is within this of the best may be better
 constexpr uint32_t kFirstShadows = 3; // shadow drafts before the first decision (with the prior: 2 misses say "plain")
 constexpr double kShadowBudget = 0.03;  // shadow drafts may cost up to 3% of plain decoding...
 constexpr uint32_t kShadowGapMax = 32;  // ...but come at least this often
@@ -149,12 +151,27 @@ int32_t DraftLengthPolicy::choose() {
         }
         return 0;
     }
-    if (it % kProbeEvery == kProbeEvery - 1) {  // learn the neighbours: one position more, one less
-        const bool longer = (it / kProbeEvery) % 2 == 0;
-        if (longer && k < n_max_) return k + 1;
-        if (!longer) return k - 1 >= n_min_ ? k - 1 : 0;
-    }
+    if (it % kProbeEvery == kProbeEvery - 1) return explore(k);
     return k;
+}
+
+int32_t DraftLengthPolicy::explore(int32_t k) const {
+    // the least measured length that could beat k within the measurements' noise (cost curves are
+    // bumpy: interpolation can hide a cheap length, and ±1 steps around k never reach it); when
+    // none could, a neighbour of k, one more and one less in turn
+    const std::vector<double> tokens = expected_tokens_by_length();
+    const std::vector<double> us = iteration_us_.filled();
+    const double best_rate = tokens[k] / std::max(1e-9, us[k]);
+    int32_t pick = -1;
+    for (int32_t c = n_min_; c <= n_max_; ++c) {
+        if (c == k || tokens[c] / std::max(1e-9, us[c] * (1 - kCostNoise)) < best_rate) continue;
+        const double w = iteration_us_.weight[c], w_pick = pick < 0 ? 0 : iteration_us_.weight[pick];
+        if (pick < 0 || w < w_pick || (w == w_pick && std::abs(c - k) < std::abs(pick - k))) pick = c;
+    }
+    if (pick >= 0) return pick;
+    const bool longer = (iteration_ / kProbeEvery) % 2 == 0;
+    if (longer) return k < n_max_ ? k + 1 : k;
+    return k - 1 >= n_min_ ? k - 1 : 0;
 }
 
 void DraftLengthPolicy::observe_shadow(bool drafted, bool accepted, double draft_us) {
