@@ -100,17 +100,19 @@ def test_each_call_is_what_it_is_alone(fx_mtp_levels: dict[str, FixtureInfo], n_
 
 
 @pytest.mark.fixture
-@pytest.mark.parametrize("method", ["draft", "dspark", "dflash", "ngram-mod"])
+@pytest.mark.parametrize("method", ["draft", "eagle3", "dspark", "dflash", "ngram-mod"])
 def test_other_drafters_batch_losslessly(fx_nomtp_info: FixtureInfo, fixture_dir: Any, method: str) -> None:
     """Draft models and drafter heads draft for all sequences in one call; n-gram methods per
     sequence. Greedy outputs equal the calls alone; for the model drafters, so do the counts."""
-    from llamaspec.fixtures import write_dflash_fixture, write_draft_fixture, write_dspark_fixture
+    from llamaspec.fixtures import write_dflash_fixture, write_draft_fixture, write_dspark_fixture, write_eagle3_fixture
 
     kw: dict[str, Any] = {"method": method}
     if method == "draft":
         kw["draft_model"] = write_draft_fixture(fixture_dir / "ms-draft.gguf", fx_nomtp_info, wrong_fraction=0.3).path
     elif method == "dspark":
         kw["draft_model"] = write_dspark_fixture(fixture_dir / "ms-dspark.gguf", fx_nomtp_info, wrong_fraction=0.3).path
+    elif method == "eagle3":  # with several sequences its drafts are sampled on the CPU (ADR 0012)
+        kw["draft_model"] = write_eagle3_fixture(fixture_dir / "ms-eagle3.gguf", fx_nomtp_info, wrong_fraction=0.3).path
     elif method == "dflash":
         kw["draft_model"] = write_dflash_fixture(fixture_dir / "ms-dflash.gguf", fx_nomtp_info, wrong_fraction=0.3).path
     else:
@@ -123,6 +125,10 @@ def test_other_drafters_batch_losslessly(fx_nomtp_info: FixtureInfo, fixture_dir
             texts = multi.generate_batch(prompts, 120, temperature=0)
             assert texts == [m.detokenize(ids) for ids, _ in alone]
             if method != "ngram-mod":  # ngram-mod's table is shared: concurrent texts teach it differently
+                for i in range(4):  # each sequence served one call: its counts are that call's alone
+                    st_i = multi.stats(seq=i)
+                    assert (st_i.iterations, st_i.drafts_generated, st_i.drafts_accepted) in \
+                        [(st.iterations, st.drafts_generated, st.drafts_accepted) for _, st in alone]
                 assert multi.stats().drafts_accepted == sum(st.drafts_accepted for _, st in alone)
             assert multi.stats().passes < multi.stats().iterations
 

@@ -408,9 +408,6 @@ class Speculative(_StreamingSession):
         self._n_seq = n_seq
         self._adaptive = adaptive
         self._methods = tuple(self._native.methods)
-        if n_seq > 1 and "draft-eagle3" in self._methods:
-            logger.warning("draft-eagle3 with n_seq > 1: in the pinned llama.cpp, sequence 0 accepts fewer drafts "
-                           "when other sequences decode with it (output stays exact; see ADR 0012)")
         self._context = Context._from_native(model, self._native.target, opts)
 
     @property

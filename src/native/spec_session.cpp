@@ -423,6 +423,11 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
     sp.draft.n_max = n_draft;
     sp.draft.n_min = config.n_draft_min;
     sp.draft.p_min = config.p_min;
+    // EAGLE-3 with several sequences: with its draft sampling offloaded to the backend (upstream's
+    // default), sequence 0 accepts far fewer drafts whenever other sequences draft with it (the
+    // drafts differ, the output stays exact); sampling the drafts on the CPU gives every sequence
+    // what it gets alone (ADR 0012)
+    if (n_seq > 1 && model_type == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3) sp.draft.backend_sampling = false;
     sp.draft.ctx_tgt = core->tgt->get();
     sp.draft.ctx_dft = core->dft ? core->dft->get() : nullptr;
     for (auto * ng : {&sp.ngram_simple, &sp.ngram_map_k, &sp.ngram_map_k4v}) {
