@@ -256,3 +256,32 @@ def test_smollm2_batches_keep_their_acceptance(smol: llamaspec.Model) -> None:
             assert abs(st.acceptance_rate - want_st.acceptance_rate) <= 0.02, (st, want_st)
             assert ids == want_ids
         assert multi.stats().passes < multi.stats().iterations
+
+
+@pytest.mark.fixture
+def test_stats_events_follow_the_calls_sequence(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    """With n_seq > 1, the Stats events of a stream carry its own sequence's counters."""
+    from llamaspec import Stats
+
+    info = fx_mtp_levels["74"]
+    with llamaspec.Model(info.path) as m, MTP(m, n_draft=3, n_ctx=1024, n_threads=1, n_seq=2) as multi:
+        snaps: dict[str, list[Any]] = {"hello": [], "ab": []}
+        barrier = threading.Barrier(2)
+
+        def work(p: str) -> None:
+            barrier.wait()
+            for ev in multi.stream_events(p, 300, temperature=0, emit_stats_every=20):
+                if isinstance(ev, Stats):
+                    snaps[p].append(ev.snapshot)
+
+        ts = [threading.Thread(target=work, args=(p,)) for p in snaps]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for got in snaps.values():
+            assert len(got) == 15
+            # a sequence's own counters: every verify it was in is one of its passes
+            assert all(s.iterations == s.passes and s.tokens_emitted <= 300 for s in got)
+        total = multi.stats()
+        assert total.passes < total.iterations

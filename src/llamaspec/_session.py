@@ -217,9 +217,15 @@ class _StreamingSession:
         """Async form of stream_events. Never blocks the event loop: every wait on the native queue
         runs in the loop's default executor. Cancelling the task stops the native work.
         """
-        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling)
+        async for ev in self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling)):
+            yield ev
+
+    async def _aiterate(self, req: _Request,
+                        on_start: Callable[[_native.Run], None] | None = None) -> AsyncIterator[Event]:
         loop = asyncio.get_running_loop()
         run = await loop.run_in_executor(None, self._start, req)
+        if on_start is not None:
+            on_start(run)
         try:
             pull = _Pull(self, run, req)
             while True:

@@ -446,16 +446,25 @@ class Speculative(_StreamingSession):
                       prefill_timeout: float | None = None, emit_stats_every: int = 0,
                       **sampling: Any) -> Iterator[Event]:
         """Generate speculatively, yielding Token events (and Stats every ``emit_stats_every``
-        tokens when > 0), then EndOfGeneration (if the model stopped), then Done.
+        tokens when > 0: the session's totals, or with n_seq > 1 the counters of the call's
+        sequence), then EndOfGeneration (if the model stopped), then Done.
 
         Arguments, errors and semantics are Generator.stream_events'; ``emit_stats_every`` is an
         int >= 0. Done.stats carries the call's iterations, drafts_generated and drafts_accepted.
         """
         every = _check_every(emit_stats_every)
-        events = super().stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
-        return events if every == 0 else self._with_stats(events, every)
+        if every == 0:
+            return super().stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        seq: list[int] = []
+        events = self._iterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling),
+                               lambda run: seq.append(run.seq))
+        return self._with_stats(events, every, seq)
 
-    def _with_stats(self, events: Iterator[Event], every: int) -> Iterator[Event]:
+    def _call_stats(self, seq: list[int]) -> SpecStats:
+        """What a Stats event carries: the totals, or with several sequences the call's sequence."""
+        return self.stats(seq[0] if self._n_seq > 1 and seq else None)
+
+    def _with_stats(self, events: Iterator[Event], every: int, seq: list[int]) -> Iterator[Event]:
         n = 0
         try:
             for ev in events:
@@ -463,7 +472,7 @@ class Speculative(_StreamingSession):
                 if isinstance(ev, Token):
                     n += 1
                     if n % every == 0:
-                        yield Stats(self.stats())
+                        yield Stats(self._call_stats(seq))
         finally:
             events.close()  # type: ignore[attr-defined]
 
@@ -478,7 +487,9 @@ class Speculative(_StreamingSession):
                              **sampling: Any) -> AsyncIterator[Event]:
         """Async form of stream_events (never blocks the event loop)."""
         every = _check_every(emit_stats_every)
-        agen = super().astream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        seq: list[int] = []
+        agen = self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling),
+                              lambda run: seq.append(run.seq))
         n = 0
         try:
             async for ev in agen:
@@ -486,7 +497,7 @@ class Speculative(_StreamingSession):
                 if every and isinstance(ev, Token):
                     n += 1
                     if n % every == 0:
-                        yield Stats(self.stats())
+                        yield Stats(self._call_stats(seq))
         finally:
             await agen.aclose()  # type: ignore[attr-defined]
 
