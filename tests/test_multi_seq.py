@@ -285,3 +285,29 @@ def test_stats_events_follow_the_calls_sequence(fx_mtp_levels: dict[str, Fixture
             assert all(s.iterations == s.passes and s.tokens_emitted <= 300 for s in got)
         total = multi.stats()
         assert total.passes < total.iterations
+
+
+@pytest.mark.fixture
+def test_a_task_cancelled_while_its_call_starts_leaves_nothing_running(fx: llamaspec.Model) -> None:
+    import contextlib
+    import time
+
+    with MTP(fx, n_draft=3, n_ctx=1024, n_threads=1, n_seq=2) as multi:
+        async def consume() -> None:
+            async for _ in multi.astream("hello", 800, temperature=0):
+                pass
+
+        async def main() -> None:
+            for _ in range(20):
+                task = asyncio.create_task(consume())
+                await asyncio.sleep(0)  # the start is on its way in the executor
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        asyncio.run(main())
+        deadline = time.monotonic() + 10
+        while multi.n_running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert multi.n_running == 0 and not multi.busy
+        assert multi.generate("hello", 5, temperature=0)

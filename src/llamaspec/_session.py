@@ -144,9 +144,9 @@ class _StreamingSession:
 
     def _iterate(self, req: _Request, on_start: Callable[[_native.Run], None] | None = None) -> Iterator[Event]:
         run = self._start(req)
-        if on_start is not None:
-            on_start(run)
         try:
+            if on_start is not None:
+                on_start(run)
             pull = _Pull(self, run, req)
             while True:
                 event = pull.event(run.next(pull.wait))
@@ -223,10 +223,34 @@ class _StreamingSession:
     async def _aiterate(self, req: _Request,
                         on_start: Callable[[_native.Run], None] | None = None) -> AsyncIterator[Event]:
         loop = asyncio.get_running_loop()
-        run = await loop.run_in_executor(None, self._start, req)
-        if on_start is not None:
-            on_start(run)
+        # the start runs in the executor and goes on if this task is cancelled meanwhile: whichever
+        # of the two comes second (the start, or the cancel) closes the call
+        lock = threading.Lock()
+        abandoned = False
+        started: list[_native.Run] = []
+
+        def start() -> _native.Run | None:
+            run = self._start(req)
+            with lock:
+                if not abandoned:
+                    started.append(run)
+                    return run
+            self._finish(run)
+            return None
+
         try:
+            maybe_run = await asyncio.shield(loop.run_in_executor(None, start))
+        except asyncio.CancelledError:
+            with lock:
+                abandoned = True
+            for r in started:
+                self._finish(r)  # one engine step at most
+            raise
+        assert maybe_run is not None
+        run = maybe_run
+        try:
+            if on_start is not None:
+                on_start(run)
             pull = _Pull(self, run, req)
             while True:
                 event = pull.event(await loop.run_in_executor(None, run.next, pull.wait))

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -524,13 +524,19 @@ class Speculative(_StreamingSession):
         if not reqs:
             return []
         started: list[_native.Run] = []
+        stopping = False
         lock = threading.Lock()
 
         def on_start(run: _native.Run) -> None:
             with lock:
                 started.append(run)
+                if stopping:  # the batch is being left: a call that starts now stops at once
+                    run.cancel()
 
         def one(req: Any) -> str:
+            with lock:
+                if stopping:
+                    raise CancelledError
             events = self._iterate(req, on_start)
             try:
                 return "".join(ev.text for ev in events if isinstance(ev, Token))
@@ -541,13 +547,18 @@ class Speculative(_StreamingSession):
                                 thread_name_prefix="llamaspec-batch") as pool:
             futures = [pool.submit(one, r) for r in reqs]
             try:
+                wait(futures, return_when=FIRST_EXCEPTION)  # an error stops the batch at once
+                for f in futures:
+                    if f.done() and f.exception() is not None:
+                        raise f.exception()  # type: ignore[misc]
                 return [f.result() for f in futures]
             except BaseException:
-                for f in futures:
-                    f.cancel()
                 with lock:
+                    stopping = True
                     for run in started:
                         run.cancel()
+                for f in futures:
+                    f.cancel()
                 raise
 
     def _require(self) -> _native.SpecSession:

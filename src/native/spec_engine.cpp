@@ -120,27 +120,38 @@ void SpecEngine::admit(SeqRun * run) {
         core_->tgt->clear_abort();
         if (core_->dft) core_->dft->clear_abort();
     }
+    if (!running_) {
+        if (worker_.joinable()) worker_.join();  // the last thread has left its loop
+        worker_ = std::thread([this] { loop(); });  // may throw: then nothing is registered yet
+        running_ = true;
+    }
     run->released_ = false;
     incoming_.push_back(run);
     registered_.push_back(run);
-    if (!running_) {
-        if (worker_.joinable()) worker_.join();  // the last thread has left its loop
-        running_ = true;
-        worker_ = std::thread([this] { loop(); });
-    }
+    released_cv_.notify_all();  // a closer waiting for the thread to leave: it stays now
 }
 
-bool SpecEngine::abort_wanted() const {
-    if (prefilling_ != nullptr && prefilling_->cancelled()) return true;
+bool SpecEngine::all_cancelled() const {
     return !registered_.empty() &&
            std::all_of(registered_.begin(), registered_.end(), [](const SeqRun * r) { return r->cancelled(); });
 }
 
+bool SpecEngine::abort_wanted() const {
+    return (prefilling_ != nullptr && prefilling_->cancelled()) || all_cancelled();
+}
+
 void SpecEngine::on_cancel(SeqRun * run) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (run->released_ || !abort_wanted()) return;  // the others go on; it leaves at the next iteration
-    core_->tgt->request_abort();
-    if (core_->dft) core_->dft->request_abort();
+    if (run->released_) return;
+    if (all_cancelled()) {
+        core_->tgt->request_abort();
+        if (core_->dft) core_->dft->request_abort();
+    } else if (prefilling_ == run) {
+        // its own prompt chunk, on the target only: the drafter's part of that chunk may decode
+        // other sequences' deferred rows (patch 0005), which must not be cut short
+        core_->tgt->request_abort();
+    }
+    // otherwise the others go on and it leaves at the end of the iteration
 }
 
 void SpecEngine::wait_released(SeqRun * run) {
@@ -220,6 +231,7 @@ void SpecEngine::run_loop(std::vector<std::unique_ptr<SeqState>> & seqs) {
     while (true) {
         {
             std::lock_guard<std::mutex> lock(mutex_);
+            seqs.reserve(seqs.size() + incoming_.size());  // so that the pick-up below cannot throw halfway
             for (SeqRun * r : incoming_) {
                 seqs.push_back(std::make_unique<SeqState>(r, vocab, n_draft, n_stages));
                 if (n_live_++ == 0) t_busy_ = r->t_start_;
@@ -287,20 +299,29 @@ void SpecEngine::prefill_chunk(SeqState & s) {
         const int32_t end = std::min(n_prefix, s.n_prefilled + n_batch);
         common_batch batch(ctx_tgt);
         for (int32_t i = s.n_prefilled; i < end; ++i) batch.add(prompt[i], i, seq, false);
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            prefilling_ = &r;
-            if (r.cancelled()) core_->tgt->request_abort();  // cancelled just now: this chunk is its own
-        }
-        const int rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get());
-        const bool ok = rc == 0 && common_speculative_process(spec, batch);
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            prefilling_ = nullptr;
-            if (!abort_wanted()) {  // an abort meant for this chunk must not reach the next pass
-                core_->tgt->clear_abort();
-                if (core_->dft) core_->dft->clear_abort();
+        // while this chunk decodes, a cancel of this call may abort it (and nothing else)
+        struct Prefilling {
+            SpecEngine & e;
+            Prefilling(SpecEngine & engine, SeqRun & run) : e(engine) {
+                std::lock_guard<std::mutex> lock(e.mutex_);
+                e.prefilling_ = &run;
+                if (run.cancelled()) e.core_->tgt->request_abort();  // cancelled just now: this chunk is its own
             }
+            ~Prefilling() {  // also when the decode throws
+                std::lock_guard<std::mutex> lock(e.mutex_);
+                e.prefilling_ = nullptr;
+                if (!e.abort_wanted()) {  // an abort meant for this chunk must not reach the next pass
+                    e.core_->tgt->clear_abort();
+                    if (e.core_->dft) e.core_->dft->clear_abort();
+                }
+            }
+        };
+        int rc = 0;
+        bool ok = false;
+        {
+            Prefilling guard(*this, r);
+            rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+            ok = rc == 0 && common_speculative_process(spec, batch);
         }
         r.stats_.prefill_s += seconds(Clock::now() - t0);
         if (rc != 0 && rc != 2) r.decode_ok(rc, "prompt decode");  // throws DecodeError
@@ -433,78 +454,84 @@ void SpecEngine::iterate(std::vector<SeqState *> & ready) {
     double sample_us = 0;
     std::vector<int> idxs;
     for (SeqState * s : ready) {
-        SeqRun & r = *s->run;
-        const llama_seq_id seq = r.seq_;
-        SpecCounters & delta = s->delta;
-        delta.verify_us += verify_us;
-        ++delta.passes;
-        const Clock::time_point ts = Clock::now();
-        idxs.resize(s->draft.size() + 1);
-        for (size_t i = 0; i < idxs.size(); ++i) idxs[i] = s->i_batch + (int) i;
-        const std::vector<llama_token> ids = common_sampler_sample_and_accept_n(r.smpl_.get(), ctx_tgt, idxs, s->draft);
-        const double us = us_since(ts);
-        delta.sample_us += us;
-        sample_us += us;
-        const size_t n_acc = ids.size() - 1;
-        // a shadow draft that matched is reported as accepted: the drafter's own bookkeeping (n-gram
-        // statistics, low-acceptance resets) then sees what really happened; hidden-state drafters
-        // clamp to the rows verified, here the one row of the plain step
-        const bool shadow_hit = !s->shadow_draft.empty() && s->shadow_draft[0] == ids[0];
-        common_speculative_accept(spec, seq, (uint16_t) (shadow_hit ? 1 : n_acc));
-        if (s->shadow) {
-            ++delta.shadow_drafts;
-            delta.shadow_accepted += shadow_hit ? 1 : 0;
-        }
-
-        ++delta.iterations;
-        ++s->call.iterations;
-        delta.drafts_generated += s->draft.size();
-        s->call.drafts_generated += s->draft.size();
-        delta.drafts_accepted += n_acc;
-        s->call.drafts_accepted += n_acc;
-        for (size_t i = 0; i < s->draft.size() && i < delta.drafted_per_position.size(); ++i) {
-            ++delta.drafted_per_position[i];
-            if (i < n_acc) ++delta.accepted_per_position[i];
-        }
-        if (s->stage >= 0) {
-            StageCounters & sc = delta.stages[(size_t) s->stage];
-            ++sc.drafts;
-            sc.drafts_generated += s->draft.size();
-            sc.drafts_accepted += n_acc;
-            for (size_t i = 0; i < s->draft.size() && i < sc.drafted_per_position.size(); ++i) {
-                ++sc.drafted_per_position[i];
-                if (i < n_acc) ++sc.accepted_per_position[i];
+        try {
+            SeqRun & r = *s->run;
+            const llama_seq_id seq = r.seq_;
+            SpecCounters & delta = s->delta;
+            delta.verify_us += verify_us;
+            ++delta.passes;
+            const Clock::time_point ts = Clock::now();
+            idxs.resize(s->draft.size() + 1);
+            for (size_t i = 0; i < idxs.size(); ++i) idxs[i] = s->i_batch + (int) i;
+            const std::vector<llama_token> ids = common_sampler_sample_and_accept_n(r.smpl_.get(), ctx_tgt, idxs, s->draft);
+            const double us = us_since(ts);
+            delta.sample_us += us;
+            sample_us += us;
+            const size_t n_acc = ids.size() - 1;
+            // a shadow draft that matched is reported as accepted: the drafter's own bookkeeping (n-gram
+            // statistics, low-acceptance resets) then sees what really happened; hidden-state drafters
+            // clamp to the rows verified, here the one row of the plain step
+            const bool shadow_hit = !s->shadow_draft.empty() && s->shadow_draft[0] == ids[0];
+            common_speculative_accept(spec, seq, (uint16_t) (shadow_hit ? 1 : n_acc));
+            if (s->shadow) {
+                ++delta.shadow_drafts;
+                delta.shadow_accepted += shadow_hit ? 1 : 0;
             }
-        }
-        s->n_past += 1 + (llama_pos) n_acc;
 
-        // emit, exactly up to max_tokens, an end-of-generation token or a stop string
-        const int32_t before = r.stats_.tokens;
-        const char * reason = nullptr;
-        for (llama_token id : ids) {
-            s->prompt_tgt.push_back(s->id_last);
-            s->id_last = id;
-            reason = r.emit(s->emitter, id);
-            if (r.stats_.tokens > before && !s->generating) {
-                s->generating = true;
-                if (n_generating_++ == 0) t_gen_first_ = r.t_first_;
+            ++delta.iterations;
+            ++s->call.iterations;
+            delta.drafts_generated += s->draft.size();
+            s->call.drafts_generated += s->draft.size();
+            delta.drafts_accepted += n_acc;
+            s->call.drafts_accepted += n_acc;
+            for (size_t i = 0; i < s->draft.size() && i < delta.drafted_per_position.size(); ++i) {
+                ++delta.drafted_per_position[i];
+                if (i < n_acc) ++delta.accepted_per_position[i];
             }
-            if (reason) break;
-        }
-        if (r.stats_.tokens > before) t_gen_last_ = std::max(t_gen_last_, r.t_last_);
-        delta.tokens_emitted += (uint64_t) (r.stats_.tokens - before);
-        if (reason) {
-            retire(*s, reason);
-            continue;
-        }
-        // drop the rejected positions from both caches
-        llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq, s->n_past, -1);
-        if (ctx_dft) llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, s->n_past, -1);
-        if (policy) {
-            if (s->shadow) policy->observe_shadow(!s->shadow_draft.empty(), shadow_hit, draft_us);
-            // a shadow step's cost is a plain step's: its drafting time is reported apart, above
-            policy->observe(s->n_max, (int32_t) s->draft.size(), (int32_t) n_acc, s->shadow ? 0.0 : draft_us,
-                            us_since(t_rest));
+            if (s->stage >= 0) {
+                StageCounters & sc = delta.stages[(size_t) s->stage];
+                ++sc.drafts;
+                sc.drafts_generated += s->draft.size();
+                sc.drafts_accepted += n_acc;
+                for (size_t i = 0; i < s->draft.size() && i < sc.drafted_per_position.size(); ++i) {
+                    ++sc.drafted_per_position[i];
+                    if (i < n_acc) ++sc.accepted_per_position[i];
+                }
+            }
+            s->n_past += 1 + (llama_pos) n_acc;
+
+            // emit, exactly up to max_tokens, an end-of-generation token or a stop string
+            const int32_t before = r.stats_.tokens;
+            const char * reason = nullptr;
+            for (llama_token id : ids) {
+                s->prompt_tgt.push_back(s->id_last);
+                s->id_last = id;
+                reason = r.emit(s->emitter, id);
+                if (r.stats_.tokens > before && !s->generating) {
+                    s->generating = true;
+                    if (n_generating_++ == 0) t_gen_first_ = r.t_first_;
+                }
+                if (reason) break;
+            }
+            if (r.stats_.tokens > before) t_gen_last_ = std::max(t_gen_last_, r.t_last_);
+            delta.tokens_emitted += (uint64_t) (r.stats_.tokens - before);
+            if (reason) {
+                retire(*s, reason);
+                continue;
+            }
+            // drop the rejected positions from both caches
+            llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq, s->n_past, -1);
+            if (ctx_dft) llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, s->n_past, -1);
+            if (policy) {
+                if (s->shadow) policy->observe_shadow(!s->shadow_draft.empty(), shadow_hit, draft_us);
+                // a shadow step's cost is a plain step's: its drafting time is reported apart, above
+                policy->observe(s->n_max, (int32_t) s->draft.size(), (int32_t) n_acc, s->shadow ? 0.0 : draft_us,
+                                us_since(t_rest));
+            }
+        } catch (const Error & e) {  // one call's failure (a grammar that cannot go on, ...) ends that call only
+            fail(*s, e);
+        } catch (const std::exception & e) {
+            fail(*s, Error(ErrorKind::Generic, e.what()));
         }
     }
     shared_.sample_us += sample_us;

@@ -198,7 +198,8 @@ private:
     void iterate(std::vector<SeqState *> & ready);
     void retire(SeqState & s, const char * reason);
     void fail(SeqState & s, const Error & e);
-    bool abort_wanted() const;  // under mutex_
+    bool all_cancelled() const;  // under mutex_: every registered call is cancelled
+    bool abort_wanted() const;   // under mutex_: a decode now serves no live call
 
     std::shared_ptr<SpecCore> core_;
     std::vector<std::shared_ptr<std::atomic<bool>>> slots_;  // a sequence is taken (cleared by Run::close)
