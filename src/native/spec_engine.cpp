@@ -19,6 +19,18 @@ void add_stage_draft_time(const common_speculative * spec, std::vector<int64_t> 
     last.resize(now.size());
     for (size_t i = 0; i < now.size(); ++i) last[i] = now[i].t_draft_us;
 }
+
+// An exception as the Error a call fails with (a non-Error one becomes Generic).
+Error as_error(const std::exception & e) {
+    if (const auto * err = dynamic_cast<const Error *>(&e)) return *err;
+    return Error(ErrorKind::Generic, e.what());
+}
+
+// common_speculative_process reported a failure of the drafter on `what`.
+Error drafter_error(const SpecCore & core, const char * what) {
+    return Error(ErrorKind::Generic, std::string("the drafter (") + common_speculative_type_name_str(core.stage_types) +
+                                         ") failed to process " + what);
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -208,7 +220,7 @@ void SpecEngine::loop() {
         run_loop(seqs);
     } catch (const std::exception & e) {
         // not expected (errors are per sequence or per pass, handled inside); never leave a caller waiting
-        const Error err = dynamic_cast<const Error *>(&e) ? *dynamic_cast<const Error *>(&e) : Error(ErrorKind::Generic, e.what());
+        const Error err = as_error(e);
         for (auto & s : seqs) {
             if (s && !s->retired) fail(*s, err);
         }
@@ -327,9 +339,7 @@ void SpecEngine::prefill_chunk(SeqState & s) {
         if (rc != 0 && rc != 2) r.decode_ok(rc, "prompt decode");  // throws DecodeError
         if (rc == 2 || r.cancelled()) return;  // an abort only ever stops a cancelled sequence: it leaves as such
         if (!ok) {
-            throw Error(ErrorKind::Generic, std::string("the drafter (") +
-                                                common_speculative_type_name_str(core_->stage_types) +
-                                                ") failed to process the prompt");
+            throw drafter_error(*core_, "the prompt");
         }
         s.n_prefilled = end;
     }
@@ -440,8 +450,7 @@ void SpecEngine::iterate(std::vector<SeqState *> & ready) {
         bool all_cancelled = true;
         for (SeqState * s : ready) all_cancelled = all_cancelled && s->run->cancelled();
         if (all_cancelled) return;  // the abort reached the draft context's catch-up decode
-        const Error e(ErrorKind::Generic, std::string("the drafter (") + common_speculative_type_name_str(core.stage_types) +
-                                              ") failed to process the verify batch");
+        const Error e = drafter_error(core, "the verify batch");
         for (SeqState * s : ready) fail(*s, e);
         return;
     }
@@ -528,10 +537,8 @@ void SpecEngine::iterate(std::vector<SeqState *> & ready) {
                 policy->observe(s->n_max, (int32_t) s->draft.size(), (int32_t) n_acc, s->shadow ? 0.0 : draft_us,
                                 us_since(t_rest));
             }
-        } catch (const Error & e) {  // one call's failure (a grammar that cannot go on, ...) ends that call only
-            fail(*s, e);
-        } catch (const std::exception & e) {
-            fail(*s, Error(ErrorKind::Generic, e.what()));
+        } catch (const std::exception & e) {  // one call's failure (a grammar that cannot go on, ...) ends that call only
+            fail(*s, as_error(e));
         }
     }
     shared_.sample_us += sample_us;
