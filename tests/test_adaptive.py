@@ -95,6 +95,40 @@ def test_policy_notices_a_change_of_text(before: float, after: float) -> None:
         assert sum(k >= N_MAX - 1 for k in settled) / len(settled) > 0.8
 
 
+def test_one_slow_verify_moves_a_known_cost_by_a_bounded_step() -> None:
+    # a verify preempted by another process (1.5-2x) once locked a good length out for the rest of a
+    # call; a measurement now moves a well-known cost by at most a quarter of it, times the EMA's gain
+    policy = _native.DraftLengthPolicy(N_MAX, 0)
+    for _ in range(30):  # the first is the warm-up, not measured
+        policy.observe(4, 4, 4, 0.0, 1000.0)
+    assert policy.expected_us(4) == pytest.approx(1000.0)
+    for _ in range(3):
+        policy.observe(4, 4, 4, 0.0, 5000.0)
+    assert 1000.0 < policy.expected_us(4) < 1050.0
+    # a lasting change is still followed
+    for _ in range(80):
+        policy.observe(4, 4, 4, 0.0, 2000.0)
+    assert policy.expected_us(4) > 1800.0
+
+
+def test_a_length_measured_during_a_slow_spell_is_measured_again() -> None:
+    # everything is accepted, so the longest draft is best, but its verifies are slow for a while
+    # (another process on the core): the policy moves to a shorter length, and once the estimate of
+    # the longest one is old enough to be doubted it is measured again and chosen again
+    rng = random.Random(1)
+    policy = _native.DraftLengthPolicy(N_MAX, 0)
+    chosen = []
+    for i in range(500):
+        k = policy.choose()
+        chosen.append(k)
+        if k == 0 and policy.shadow:
+            policy.observe_shadow(True, True, SHADOW_US)
+        slow = 1.3 if k == N_MAX and 50 <= i < 150 else 1.0
+        policy.observe(k, k, k, 100.0 * k, cost(k + 1) * slow * rng.uniform(0.9, 1.2))
+    assert sum(k == N_MAX for k in chosen[100:150]) / 50 < 0.2  # it left the slow length...
+    assert sum(k == N_MAX for k in chosen[400:]) / 100 > 0.8  # ...and came back
+
+
 def test_policy_respects_n_min_and_its_model_is_monotone() -> None:
     policy = _native.DraftLengthPolicy(6, 3)
     seen = set()

@@ -7,14 +7,21 @@
 namespace llamaspec {
 
 namespace {
-constexpr double kDecay = 0.93;       // evidence fades over the last ~14 verifies (a change of text is noticed fast)
-constexpr double kAlpha = 0.2;        // cost EMAs; symmetric (following faster times faster biased the
-                                      // estimates toward the length measured most: it looked cheapest)
+constexpr double kDecay = 0.97;       // acceptance evidence fades over the last ~33 drafting verifies
+                                      // (0.93 made the estimate of long drafts noisy enough to flip the choice)
+constexpr double kAlpha = 0.05;       // cost EMAs once a length is well measured (a running mean before);
+                                      // symmetric (following faster times faster biased the estimates toward
+                                      // the length measured most: it looked cheapest)
+constexpr double kCostClip = 1.25;    // one measurement moves a known cost by at most x/÷ this (a preempted
+                                      // verify, 1.5-2x, once locked a good length out for the rest of a call)
+constexpr double kConfidenceFade = 0.98;  // a length's cost confidence fades with every verify measured
 constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
 constexpr double kPriorTried = 1;
 constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
-constexpr uint64_t kProbeEvery = 8;   // while drafting: learn another length this often
-constexpr double kCostNoise = 0.15;   // a length whose rate is within this of the best may be better
+constexpr uint64_t kProbeEvery = 16;   // while drafting: a slot to learn another length this often
+constexpr double kCostNoise = 0.05;   // exploration's optimism about a well-known cost...
+constexpr double kStaleness = 0.1;    // ...plus this over sqrt(confidence): a cost measured rarely or long ago
+constexpr double kOptimismMax = 0.5;  //    may be this much lower than its estimate
 constexpr uint32_t kFirstShadows = 3; // shadow drafts before the first decision (with the prior: 2 misses say "plain")
 constexpr double kShadowBudget = 0.03;  // shadow drafts may cost up to 3% of plain decoding...
 constexpr uint32_t kShadowGapMax = 32;  // ...but come at least this often
@@ -22,8 +29,13 @@ constexpr uint32_t kShadowGapMax = 32;  // ...but come at least this often
 
 void DraftLengthPolicy::CostTable::observe(size_t i, double us) {
     if (i >= ema.size()) return;
-    ema[i] = weight[i] > 0 ? (1 - kAlpha) * ema[i] + kAlpha * us : us;
+    if (weight[i] >= 2) us = std::clamp(us, ema[i] / kCostClip, ema[i] * kCostClip);
+    // a running mean while few measurements back the estimate (also when they are old), then an EMA
+    const double gain = std::max(kAlpha, 1.0 / (1.0 + confidence[i]));
+    ema[i] = weight[i] > 0 ? (1 - gain) * ema[i] + gain * us : us;
     weight[i] += 1;
+    for (double & c : confidence) c *= kConfidenceFade;
+    confidence[i] += 1;
 }
 
 std::vector<double> DraftLengthPolicy::CostTable::filled() const {
@@ -60,6 +72,7 @@ DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
       asked_(n_max_, 0.0), drafted_(n_max_, 0.0), tried_(n_max_, 0.0), accepted_(n_max_, 0.0) {
     iteration_us_.ema.assign(n_max_ + 1, 0.0);
     iteration_us_.weight.assign(n_max_ + 1, 0.0);
+    iteration_us_.confidence.assign(n_max_ + 1, 0.0);
     warmed_.assign(n_max_ + 1, false);
 }
 
@@ -156,22 +169,26 @@ int32_t DraftLengthPolicy::choose() {
 }
 
 int32_t DraftLengthPolicy::explore(int32_t k) const {
-    // the least measured length that could beat k within the measurements' noise (cost curves are
-    // bumpy: interpolation can hide a cheap length, and ±1 steps around k never reach it); when
-    // none could, a neighbour of k, one more and one less in turn
+    // the length with the best optimistic rate: its cost may be lower than estimated by an amount that
+    // grows as its confidence fades (measured rarely, or long ago while the machine was slower), so
+    // every plausible length is measured again from time to time, the most promising first; k itself
+    // when no other could beat it (no exploration then). Cost curves are bumpy: interpolation can hide
+    // a cheap length, and ±1 steps around k (the first version) never reached it.
     const std::vector<double> tokens = expected_tokens_by_length();
     const std::vector<double> us = iteration_us_.filled();
-    const double best_rate = tokens[k] / std::max(1e-9, us[k]);
-    int32_t pick = -1;
+    int32_t pick = k;
+    double pick_rate = tokens[k] / std::max(1e-9, us[k]);
     for (int32_t c = n_min_; c <= n_max_; ++c) {
-        if (c == k || tokens[c] / std::max(1e-9, us[c] * (1 - kCostNoise)) < best_rate) continue;
-        const double w = iteration_us_.weight[c], w_pick = pick < 0 ? 0 : iteration_us_.weight[pick];
-        if (pick < 0 || w < w_pick || (w == w_pick && std::abs(c - k) < std::abs(pick - k))) pick = c;
+        if (c == k) continue;
+        const double optimism = std::min(
+            kOptimismMax, kCostNoise + kStaleness / std::sqrt(std::max(1e-6, iteration_us_.confidence[c])));
+        const double rate = tokens[c] / std::max(1e-9, us[c] * (1 - optimism));
+        if (rate > pick_rate) {
+            pick_rate = rate;
+            pick = c;
+        }
     }
-    if (pick >= 0) return pick;
-    const bool longer = (iteration_ / kProbeEvery) % 2 == 0;
-    if (longer) return k < n_max_ ? k + 1 : k;
-    return k - 1 >= n_min_ ? k - 1 : 0;
+    return pick;
 }
 
 void DraftLengthPolicy::observe_shadow(bool drafted, bool accepted, double draft_us) {

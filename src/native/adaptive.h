@@ -45,6 +45,7 @@ private:
     struct CostTable {
         std::vector<double> ema;     // microseconds
         std::vector<double> weight;  // measurements so far; 0: never measured
+        std::vector<double> confidence;  // measurements, faded by the verifies measured since
         void observe(size_t i, double us);
         std::vector<double> filled() const;
     };
@@ -55,7 +56,7 @@ private:
     std::vector<double> expected_tokens_by_length() const;
     int32_t best() const;
     uint32_t shadow_gap() const;  // plain steps between shadow drafts: their cost within a budget
-    int32_t explore(int32_t k) const;  // the length to learn instead of k in an exploration slot
+    int32_t explore(int32_t k) const;  // the length to learn instead of k in an exploration slot (k: none)
 
     int32_t n_max_, n_min_;
     std::vector<double> asked_, drafted_;     // decayed counts per position
