@@ -157,7 +157,13 @@ int32_t DraftLengthPolicy::choose() {
         calibration_.erase(calibration_.begin());
         return first;
     }
-    if (k == 0) {  // drafting does not pay: keep looking, with shadow drafts
+    if (k == 0) {  // drafting does not pay: keep looking, with shadow drafts...
+        if (calibrated_ && it % kProbeEvery == kProbeEvery - 1) {
+            // ...and doubt the costs that say so: measured during a slow spell, they would keep the
+            // session plain at any acceptance (shadow drafts only update the acceptance)
+            const int32_t c = explore(0);
+            if (c != 0) return c;
+        }
         if (it >= next_shadow_) {
             shadow_ = true;
             next_shadow_ = it + shadow_gap();
