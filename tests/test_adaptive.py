@@ -26,9 +26,10 @@ SHADOW_US = 50.0  # a one-token draft costs 5% of a plain step (an MTP head on a
 
 
 def drive(acceptance: Callable[[int], float], n: int = 400, seed: int = 1,
-          shadows: list[int] | None = None) -> list[int]:
+          shadows: list[int] | None = None, slowdown: Callable[[int, int], float] = lambda i, k: 1.0) -> list[int]:
     """Run the policy against a drafter whose tokens are accepted with the given probability; the
-    steps that carried a shadow draft are appended to shadows."""
+    steps that carried a shadow draft are appended to shadows; slowdown(step, length) multiplies a
+    verify's cost (a slow spell)."""
     rng = random.Random(seed)
     policy = _native.DraftLengthPolicy(N_MAX, 0)
     chosen = []
@@ -43,7 +44,7 @@ def drive(acceptance: Callable[[int], float], n: int = 400, seed: int = 1,
         a = 0
         while a < k and rng.random() < acceptance(i):
             a += 1
-        policy.observe(k, k, a, 100.0 * k, cost(k + 1) * rng.uniform(0.9, 1.2))
+        policy.observe(k, k, a, 100.0 * k, cost(k + 1) * slowdown(i, k) * rng.uniform(0.9, 1.2))
     return chosen
 
 
@@ -115,16 +116,7 @@ def test_a_length_measured_during_a_slow_spell_is_measured_again() -> None:
     # everything is accepted, so the longest draft is best, but its verifies are slow for a while
     # (another process on the core): the policy moves to a shorter length, and once the estimate of
     # the longest one is old enough to be doubted it is measured again and chosen again
-    rng = random.Random(1)
-    policy = _native.DraftLengthPolicy(N_MAX, 0)
-    chosen = []
-    for i in range(500):
-        k = policy.choose()
-        chosen.append(k)
-        if k == 0 and policy.shadow:
-            policy.observe_shadow(True, True, SHADOW_US)
-        slow = 1.3 if k == N_MAX and 50 <= i < 150 else 1.0
-        policy.observe(k, k, k, 100.0 * k, cost(k + 1) * slow * rng.uniform(0.9, 1.2))
+    chosen = drive(lambda i: 1.0, n=500, slowdown=lambda i, k: 1.3 if k == N_MAX and 50 <= i < 150 else 1.0)
     assert sum(k == N_MAX for k in chosen[100:150]) / 50 < 0.2  # it left the slow length...
     assert sum(k == N_MAX for k in chosen[400:]) / 100 > 0.8  # ...and came back
 
@@ -133,19 +125,7 @@ def test_drafting_costs_measured_in_a_slow_spell_do_not_keep_the_session_plain()
     # the first drafting verifies (the cost calibration) run 2.5x slow, so drafting looks worse than
     # plain decoding at 75% acceptance; shadow drafts only update the acceptance, so without doubting
     # those costs the session stayed plain for good (seen once in 12 real ~75% sessions)
-    rng = random.Random(1)
-    policy = _native.DraftLengthPolicy(N_MAX, 0)
-    chosen = []
-    for i in range(400):
-        k = policy.choose()
-        chosen.append(k)
-        if k == 0 and policy.shadow:
-            policy.observe_shadow(True, rng.random() < 0.75, SHADOW_US)
-        a = 0
-        while a < k and rng.random() < 0.75:
-            a += 1
-        slow = 2.5 if k > 0 and i < 40 else 1.0
-        policy.observe(k, k, a, 100.0 * k, cost(k + 1) * slow * rng.uniform(0.9, 1.2))
+    chosen = drive(lambda i: 0.75, slowdown=lambda i, k: 2.5 if k > 0 and i < 40 else 1.0)
     assert chosen[10:40].count(0) > 20  # the slow spell made it plain...
     assert sum(k > 0 for k in chosen[200:]) / 200 > 0.8  # ...but not for good
 
