@@ -6,8 +6,10 @@ from __future__ import annotations
 import _thread
 import asyncio
 import gc
+import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -69,7 +71,19 @@ def test_cancel_during_long_prompt(smol: llamaspec.Model) -> None:
         assert "Paris" in g.generate("The capital of France is", 8, temperature=0)  # reusable at once
 
 
+@pytest.fixture
+def python_sigint_handler() -> Iterator[None]:
+    """Python's own Ctrl-C handler for the test, also when the process started with SIGINT ignored
+    (a background job of a non-interactive shell), where interrupt_main() does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.real_model
+@pytest.mark.usefixtures("python_sigint_handler")
 def test_ctrl_c_during_blocking_generate(smol: llamaspec.Model) -> None:
     with llamaspec.Generator(smol, n_ctx=2048) as g:
         prompt = smol.tokenize("word " * 1800)
