@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import llamaspec
-from llamaspec.fixtures import SPEED, write_qwen35_fixture
+from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtp_speed import med, ours_rate  # noqa: E402
@@ -35,15 +35,21 @@ MIXED = (
 )
 
 
+def mtp_fixture(directory: Path, wrong: float) -> tuple[FixtureInfo, str]:
+    """The MTP speed fixture with mtp_wrong_fraction ``wrong`` (written into ``directory``) and the
+    prompt the adaptive benches use on it: the first 8 tokens of its cycle, as text."""
+    directory.mkdir(parents=True, exist_ok=True)
+    info = write_qwen35_fixture(directory / f"speed-mtp-{wrong}.gguf", spec=SPEED, mtp_wrong_fraction=wrong)
+    with llamaspec.Model(info.path, vocab_only=True) as vm:
+        return info, vm.detokenize(info.cycle[:8])
+
+
 def cases(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(name, model path, prompt, Speculative kwargs)"""
     out = []
-    args.fixtures.mkdir(parents=True, exist_ok=True)
     for level, wrong in LEVELS.items():
         if level in args.cases:
-            info = write_qwen35_fixture(args.fixtures / f"speed-mtp-{wrong}.gguf", spec=SPEED, mtp_wrong_fraction=wrong)
-            with llamaspec.Model(info.path, vocab_only=True) as vm:
-                prompt = vm.detokenize(info.cycle[:8])
+            info, prompt = mtp_fixture(args.fixtures, wrong)
             out.append((level, info.path, prompt, {"method": "mtp"}))
     if "mixed" in args.cases:
         sys.path.insert(0, str(ROOT))

@@ -22,18 +22,13 @@ from pathlib import Path
 from typing import Literal
 
 import llamaspec
-from llamaspec.fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adaptive import mtp_fixture  # noqa: E402
+from mtp_speed import ours_rate  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def rate(session: llamaspec.Speculative, prompt: str, tokens: int) -> float:
-    session.generate(prompt, tokens, temperature=0)
-    assert session.last_stats is not None
-    return session.last_stats.tokens_per_second
 
 
 def main() -> None:
@@ -48,11 +43,8 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
 
-    args.fixtures.mkdir(parents=True, exist_ok=True)
-    info = write_qwen35_fixture(args.fixtures / f"speed-mtp-{args.wrong}.gguf", spec=SPEED, mtp_wrong_fraction=args.wrong)
+    info, prompt = mtp_fixture(args.fixtures, args.wrong)
     model = llamaspec.Model(info.path)
-    with llamaspec.Model(info.path, vocab_only=True) as vm:
-        prompt = vm.detokenize(info.cycle[:8])
     fixed = llamaspec.Speculative(model, method="mtp", n_draft=args.fixed, n_ctx=1024, n_threads=1)
     want = fixed.generate(prompt, args.tokens, temperature=0)
     rows = []
@@ -63,8 +55,8 @@ def main() -> None:
             auto.reset_stats()
             mine, theirs = [], []
             for _ in range(args.calls):
-                theirs.append(rate(fixed, prompt, args.tokens))
-                mine.append(rate(auto, prompt, args.tokens))
+                theirs.append(ours_rate(fixed, prompt, args.tokens))
+                mine.append(ours_rate(auto, prompt, args.tokens))
             st = auto.stats()
             rows.append((sum(mine) / sum(theirs), st.mean_draft_length, list(st.draft_length_histogram)))
         print(f"  session {i}: fresh/fixed {rows[-1][0]:.3f}, mean length {rows[-1][1]:.2f}, lengths {rows[-1][2]}",

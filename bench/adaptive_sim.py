@@ -23,11 +23,15 @@ import argparse
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import llamaspec
 from llamaspec import _native
-from llamaspec.fixtures import SPEED, FixtureInfo, _hidden_chain_drafts, write_qwen35_fixture
+from llamaspec.fixtures import FixtureInfo, _hidden_chain_drafts
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adaptive import mtp_fixture  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 N_MAX = 8
@@ -112,12 +116,9 @@ def main() -> None:
     ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
     args = ap.parse_args()
 
-    args.fixtures.mkdir(parents=True, exist_ok=True)
-    info = write_qwen35_fixture(args.fixtures / f"speed-mtp-{args.wrong}.gguf", spec=SPEED, mtp_wrong_fraction=args.wrong)
+    info, prompt = mtp_fixture(args.fixtures, args.wrong)
     costs = US_PER_VERIFY
     if args.measure:
-        with llamaspec.Model(info.path, vocab_only=True) as vm:
-            prompt = vm.detokenize(info.cycle[:8])
         costs = measure_costs(info, prompt, args.tokens)
         print("us per verify:", " ".join(f"{k}:{v:.0f}" for k, v in costs.items()))
 
