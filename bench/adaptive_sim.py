@@ -80,16 +80,24 @@ def replay(info: FixtureInfo, costs: dict[int, float], policy: _native.DraftLeng
             us = costs[k] * rng.lognormvariate(0, args.noise) * math.exp(log_drift)
             if rng.random() < 0.02:
                 us *= 1.5
-            drafts = _hidden_chain_drafts(nxt, wrong, prev, k) if k else []
-            accepted, cur = 0, last
-            for d in drafts:
-                if d != nxt[cur]:
-                    break
-                accepted, cur = accepted + 1, d
+            accepted = 0
+            if args.chain:  # acceptance by chain position, independent of the text
+                while accepted < k and rng.random() < args.chain[min(accepted, len(args.chain) - 1)]:
+                    accepted += 1
+            else:
+                drafts = _hidden_chain_drafts(nxt, wrong, prev, k) if k else []
+                cur = last
+                for d in drafts:
+                    if d != nxt[cur]:
+                        break
+                    accepted, cur = accepted + 1, d
             if policy is not None:
                 if k == 0 and policy.shadow:
-                    shadow = _hidden_chain_drafts(nxt, wrong, prev, 1)
-                    policy.observe_shadow(True, shadow[0] == nxt[last], SHADOW_US)
+                    if args.chain:
+                        hit = rng.random() < args.chain[0]
+                    else:
+                        hit = _hidden_chain_drafts(nxt, wrong, prev, 1)[0] == nxt[last]
+                    policy.observe_shadow(True, hit, SHADOW_US)
                     us += SHADOW_US
                 policy.observe(k, k, accepted, 0.15 * us if k else 0.0, 0.85 * us if k else us)
             out = [last]
@@ -112,6 +120,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--drift", type=float, default=0.0)
+    ap.add_argument("--chain", type=lambda v: [float(x) for x in v.split(",")], default=None,
+                    help="instead of the fixture's pattern: P(draft position i accepted | the ones before were), "
+                         "e.g. 0.9,0.8,0.7 (the last repeats); a real MTP head's acceptance falls along its chain")
     ap.add_argument("--measure", action="store_true", help="time the fixed lengths on this machine first")
     ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
     args = ap.parse_args()

@@ -141,6 +141,46 @@ def test_policy_respects_n_min_and_its_model_is_monotone() -> None:
     assert [policy.expected_tokens(k) for k in range(7)] == sorted(policy.expected_tokens(k) for k in range(7))
 
 
+# A text whose wrong drafts sit at fixed places of a repeating cycle (as on the MTP speed fixture at
+# ~75%: 13 of 95 positions): how many tokens a verify of length k yields depends on how k lines up
+# with the gaps between them, which acceptance per draft position cannot tell.
+CYCLE = 40
+WRONG = {3, 8, 9, 15, 22, 27, 34}
+
+
+def phase_locked_verify(start: int, k: int) -> int:
+    """Drafts accepted by a verify of length k that starts at text position start."""
+    a = 0
+    while a < k and (start + a) % CYCLE not in WRONG:
+        a += 1
+    return a
+
+
+def true_tokens_per_verify(k: int, n: int = 4000) -> float:
+    """Tokens per verify of length k on that text, by running it."""
+    position, verifies = 0, 0
+    while position < n:
+        position += phase_locked_verify(position, k) + 1
+        verifies += 1
+    return position / verifies
+
+
+@pytest.mark.parametrize("drafted", [4, 5, 8])
+def test_the_policy_predicts_other_lengths_from_the_text_it_saw(drafted: int) -> None:
+    # drafting one length for a while, the policy predicts what every other length would yield from
+    # the accepted and rejected positions of the text (a replay of the verifies each length would
+    # have made), blended with the per-position model (ADR 0009)
+    policy = _native.DraftLengthPolicy(N_MAX, 0)
+    position = 0
+    for _ in range(150):
+        a = phase_locked_verify(position, drafted)
+        policy.observe(drafted, drafted, a, 100.0, cost(drafted + 1))
+        position += a + 1
+    assert policy.expected_tokens(drafted) == pytest.approx(true_tokens_per_verify(drafted), rel=0.03)
+    for k in range(1, N_MAX + 1):
+        assert policy.expected_tokens(k) == pytest.approx(true_tokens_per_verify(k), rel=0.15), k
+
+
 # ------------------------------------------------------------------------------------------------
 # real sessions
 

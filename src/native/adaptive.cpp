@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 namespace llamaspec {
 
@@ -17,6 +16,7 @@ constexpr double kCostClip = 1.25;    // one measurement moves a known cost by a
 constexpr double kConfidenceFade = 0.98;  // a length's cost confidence fades with every verify measured
 constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
 constexpr double kPriorTried = 1;
+constexpr double kReplayPrior = 4;    // positions: the replay's shape outweighs the model's once it saw a verify or two
 constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
 constexpr uint64_t kProbeEvery = 16;   // while drafting: a slot to learn another length this often
 constexpr double kCostNoise = 0.05;   // exploration's optimism about a well-known cost...
@@ -74,6 +74,9 @@ DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
     iteration_us_.weight.assign(n_max_ + 1, 0.0);
     iteration_us_.confidence.assign(n_max_ + 1, 0.0);
     warmed_.assign(n_max_ + 1, false);
+    replay_.ends.assign(n_max_ + 1, 0.0);
+    for (int32_t k = 0; k <= n_max_; ++k) replay_.state.emplace_back(k + 1, 0.0);
+    replay_.clear();
 }
 
 double DraftLengthPolicy::p_drafted(int32_t i) const {
@@ -94,8 +97,63 @@ std::vector<double> DraftLengthPolicy::expected_tokens_by_length() const {
     return e;
 }
 
+void DraftLengthPolicy::Replay::fade() {
+    for (double & e : ends) e *= kDecay;
+    positions *= kDecay;
+    known *= kDecay;
+    accepted *= kDecay;
+}
+
+void DraftLengthPolicy::Replay::clear() {
+    for (auto & p : state) {
+        std::fill(p.begin(), p.end(), 0.0);
+        p[0] = 1.0;
+    }
+    std::fill(ends.begin(), ends.end(), 0.0);
+    positions = known = accepted = 0;
+}
+
+void DraftLengthPolicy::Replay::add(int acc) {
+    // a position never drafted (a verify's bonus token) is accepted with the observed rate
+    const double a = acc < 0 ? (accepted + kPriorAccepted) / (known + kPriorTried) : (double) acc;
+    for (size_t k = 1; k < state.size(); ++k) {
+        std::vector<double> & p = state[k];
+        double end = p[k];  // the position after k accepted drafts is the verify's own token
+        for (size_t j = k; j > 0; --j) {
+            end += p[j - 1] * (1 - a);  // a rejected draft: the verify ends with the target's token
+            p[j] = p[j - 1] * a;
+        }
+        p[0] = end;
+        ends[k] += end;
+    }
+    positions += 1;
+    if (acc >= 0) {
+        known += 1;
+        accepted += acc;
+    }
+}
+
+std::vector<double> DraftLengthPolicy::estimated_tokens_by_length() const {
+    std::vector<double> e = expected_tokens_by_length();
+    const int32_t r = last_requested_;
+    if (r == 0 || replay_.ends[r] <= 1e-9) return e;  // plain: shadow drafts see position 0 only
+    // the level from the per-position model at the length being drafted (it follows a change of text
+    // within a few verifies), the shape across lengths from the replay (shrunk toward the model's
+    // own shape while the replay has seen few positions)
+    const double n = replay_.positions;
+    const double w = n / (n + kReplayPrior);
+    const double level = e[r];
+    const double replay_r = n / replay_.ends[r];
+    std::vector<double> out(e.size(), 1.0);
+    for (int32_t k = 1; k <= n_max_; ++k) {
+        const double replay_k = replay_.ends[k] > 1e-9 ? n / replay_.ends[k] : (double) (k + 1);
+        out[k] = level * (w * replay_k / replay_r + (1 - w) * e[k] / e[r]);
+    }
+    return out;
+}
+
 double DraftLengthPolicy::expected_tokens(int32_t k) const {
-    return expected_tokens_by_length()[std::clamp(k, 0, n_max_)];
+    return estimated_tokens_by_length()[std::clamp(k, 0, n_max_)];
 }
 
 double DraftLengthPolicy::expected_us(int32_t k) const {
@@ -106,7 +164,7 @@ int32_t DraftLengthPolicy::best() const {
     // costs are measured per length asked for, as a whole (draft, verify, bookkeeping, sampling,
     // emission): cost curves are bumpy (one batch size can be slower than both neighbours), so a
     // length's own measurement beats any model of it; unmeasured lengths are interpolated
-    const std::vector<double> tokens = expected_tokens_by_length();
+    const std::vector<double> tokens = estimated_tokens_by_length();
     const std::vector<double> us = iteration_us_.filled();
     int32_t best_k = 0;
     double best_rate = tokens[0] / std::max(1e-9, us[0]);
@@ -180,7 +238,7 @@ int32_t DraftLengthPolicy::explore(int32_t k) const {
     // every plausible length is measured again from time to time, the most promising first; k itself
     // when no other could beat it (no exploration then). Cost curves are bumpy: interpolation can hide
     // a cheap length, and ±1 steps around k (the first version) never reached it.
-    const std::vector<double> tokens = expected_tokens_by_length();
+    const std::vector<double> tokens = estimated_tokens_by_length();
     const std::vector<double> us = iteration_us_.filled();
     int32_t pick = k;
     double pick_rate = tokens[k] / std::max(1e-9, us[k]);
@@ -233,6 +291,15 @@ void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t 
         tried_[i] += 1.0;
         accepted_[i] += i < n_accepted ? 1.0 : 0.0;
     }
+    if (n_requested > 0) {
+        // the replay describes the text drafted since the last plain step: what came before a plain
+        // spell is another text (plain steps are not drafted, so they cannot be replayed)
+        if (last_requested_ == 0) replay_.clear();
+        replay_.fade();
+        for (int32_t i = 0; i < n_accepted; ++i) replay_.add(1);
+        replay_.add(n_accepted < n_requested ? 0 : -1);  // rejected or not produced; else the bonus token
+    }
+    last_requested_ = n_requested;
     // the first verify of each length warms up its graphs (first decodes at a new batch size
     // allocate): not the machine's steady state, so it is not measured
     if (!warmed_[(size_t) n_requested]) {

@@ -1,7 +1,8 @@
 // The adaptive draft length (n_draft="auto"): for each verify, the draft length that maximises the
-// expected tokens per second, from the acceptance the session observes (per position) and the draft
-// and verify costs it measures on this machine; 0 (plain decoding) when drafting does not pay, with
-// probes from time to time so that a change in the text is noticed. Design and evidence: ADR 0009.
+// expected tokens per second, from the acceptance the session observes (per position, and replayed
+// over the text it drafted for the lengths it is not drafting) and the draft and verify costs it
+// measures on this machine; 0 (plain decoding) when drafting does not pay, with probes from time to
+// time so that a change in the text is noticed. Design and evidence: ADR 0009.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +55,9 @@ private:
     // E(k) for k = 0..n_max in one pass over the positions (acceptance: P(position i is accepted |
     // drafted and all before accepted))
     std::vector<double> expected_tokens_by_length() const;
+    // what the policy uses: the model's E(r) at the length r of the last verify, times the replay's
+    // E(k) / E(r) (ADR 0009); the model alone after a plain step
+    std::vector<double> estimated_tokens_by_length() const;
     int32_t best() const;
     uint32_t shadow_gap() const;  // plain steps between shadow drafts: their cost within a budget
     int32_t explore(int32_t k) const;  // the length to learn instead of k in an exploration slot (k: none)
@@ -61,6 +65,18 @@ private:
     int32_t n_max_, n_min_;
     std::vector<double> asked_, drafted_;     // decayed counts per position
     std::vector<double> tried_, accepted_;    // decayed counts per position
+    // the replay (ADR 0009): every length's verifies replayed over the positions this session drafted,
+    // as a Markov chain over "drafts accepted so far in this verify"; decayed sums per length
+    struct Replay {
+        std::vector<std::vector<double>> state;  // by length k: P(j drafts of the current verify accepted), j = 0..k
+        std::vector<double> ends;                // by length k: expected verifies that ended, decayed
+        double positions = 0, known = 0, accepted = 0;  // decayed counts
+        void fade();
+        void clear();                            // forget everything; the next position starts a verify
+        void add(int acc);                       // one emitted position: 1 accepted, 0 rejected, -1 not drafted
+    };
+    Replay replay_;
+    int32_t last_requested_ = 0;              // the length of the last verify (0: a plain step)
     CostTable iteration_us_;                  // a whole verify, by the length asked for (0: a plain step)
     std::vector<bool> warmed_;                // by length: the first one (graph allocation) was not measured
     std::vector<int32_t> calibration_;        // lengths still to measure, in order (filled once drafting may pay)
