@@ -18,10 +18,10 @@ constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) u
 constexpr double kPriorTried = 1;
 constexpr double kReplayPrior = 4;    // positions: the replay's shape outweighs the model's once it saw a verify or two
 constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
-constexpr uint64_t kProbeEvery = 16;   // while drafting: a slot to learn another length this often
-constexpr double kCostNoise = 0.05;   // exploration's optimism about a well-known cost...
-constexpr double kStaleness = 0.1;    // ...plus this over sqrt(confidence): a cost measured rarely or long ago
-constexpr double kOptimismMax = 0.5;  //    may be this much lower than its estimate
+constexpr uint64_t kProbeEvery = 32;   // a slot to learn another length this often (every 16th: ~5% slower
+                                       // than fixed 5 at ~75% with 93% of verifies on 5; ADR 0009)
+constexpr double kStaleness = 0.1;    // exploration's optimism: a cost measured rarely or long ago may be up to
+constexpr double kOptimismMax = 0.5;  // this over sqrt(its confidence) lower than its estimate, at most this
 constexpr uint32_t kFirstShadows = 3; // shadow drafts before the first decision (with the prior: 2 misses say "plain")
 constexpr double kShadowBudget = 0.03;  // shadow drafts may cost up to 3% of plain decoding...
 constexpr uint32_t kShadowGapMax = 32;  // ...but come at least this often
@@ -198,6 +198,12 @@ int32_t DraftLengthPolicy::choose() {
         shadow_ = true;
         return 0;
     }
+    // an exploration slot that picks a length never verified spends that verify on its warm-up (not
+    // measured): it is verified once more right after, so that one slot measures it
+    auto probe = [this](int32_t c) {
+        if (c > 0 && !warmed_[(size_t) c]) calibration_.push_back(c);
+        return c;
+    };
     const int32_t k = best();  // with only the plain cost measured, longer verifies get a guessed slope
     if (k > 0 && !calibrated_) {
         // drafting may pay: measure what verifies really cost, at the longest draft, half of it and
@@ -220,7 +226,7 @@ int32_t DraftLengthPolicy::choose() {
             // ...and doubt the costs that say so: measured during a slow spell, they would keep the
             // session plain at any acceptance (shadow drafts only update the acceptance)
             const int32_t c = explore(0);
-            if (c != 0) return c;
+            if (c != 0) return probe(c);
         }
         if (it >= next_shadow_) {
             shadow_ = true;
@@ -228,7 +234,7 @@ int32_t DraftLengthPolicy::choose() {
         }
         return 0;
     }
-    if (it % kProbeEvery == kProbeEvery - 1) return explore(k);
+    if (it % kProbeEvery == kProbeEvery - 1) return probe(explore(k));
     return k;
 }
 
@@ -244,8 +250,8 @@ int32_t DraftLengthPolicy::explore(int32_t k) const {
     double pick_rate = tokens[k] / std::max(1e-9, us[k]);
     for (int32_t c = n_min_; c <= n_max_; ++c) {
         if (c == k) continue;
-        const double optimism = std::min(
-            kOptimismMax, kCostNoise + kStaleness / std::sqrt(std::max(1e-6, iteration_us_.confidence[c])));
+        const double optimism =
+            std::min(kOptimismMax, kStaleness / std::sqrt(std::max(1e-6, iteration_us_.confidence[c])));
         const double rate = tokens[c] / std::max(1e-9, us[c] * (1 - optimism));
         if (rate > pick_rate) {
             pick_rate = rate;
