@@ -46,7 +46,7 @@ def mtp_fixture(directory: Path, wrong: float) -> tuple[FixtureInfo, str]:
 
 def cases(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(name, model path, prompt, Speculative kwargs)"""
-    out = []
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
     for level, wrong in LEVELS.items():
         if level in args.cases:
             info, prompt = mtp_fixture(args.fixtures, wrong)
