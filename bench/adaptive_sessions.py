@@ -11,7 +11,7 @@ then the median, mean and worst session. --control makes the fresh sessions fixe
 the auto sessions' spread is read.
 
 Usage: python bench/adaptive_sessions.py [--case ~75%] [--sessions 12] [--calls 5] [--fixed N] [--tokens 256]
-       [--control]
+       [--threads 1] [--control]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--case", default="~75%", choices=[*LEVELS, "mixed"])
     ap.add_argument("--fixed", type=int, default=None, help="the fixed length (default: the case's best)")
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
     ap.add_argument("--control", action="store_true", help="fresh sessions with n_draft --fixed instead of auto")
     ap.add_argument("--no-save", action="store_true")
@@ -53,8 +54,8 @@ def main() -> None:
 
     def session(n_draft: int | Literal["auto"]) -> llamaspec.Generator | llamaspec.Speculative:
         if n_draft == 0:
-            return llamaspec.Generator(model, n_ctx=1024, n_threads=1)
-        return llamaspec.Speculative(model, n_draft=n_draft, n_ctx=1024, n_threads=1, **kw)
+            return llamaspec.Generator(model, n_ctx=1024, n_threads=args.threads)
+        return llamaspec.Speculative(model, n_draft=n_draft, n_ctx=1024, n_threads=args.threads, **kw)
 
     fixed = session(args.fixed)
     want = fixed.generate(prompt, args.tokens, temperature=0)
@@ -78,7 +79,7 @@ def main() -> None:
 
     ratios = [r[0] for r in rows]
     lines = [
-        f"Case {args.case} of bench/adaptive.py, greedy, {args.tokens} tokens, 1 thread; {args.sessions} fresh "
+        f"Case {args.case} of bench/adaptive.py, greedy, {args.tokens} tokens, {args.threads} thread(s); {args.sessions} fresh "
         f"{'control (n_draft ' + str(args.fixed) + ')' if args.control else 'auto'} sessions, each after one untimed "
         f"call: {args.calls} calls alternating with one fixed n_draft {args.fixed} session"
         f"{' (plain decoding, Generator)' if args.fixed == 0 else ''}.",
@@ -91,6 +92,7 @@ def main() -> None:
     ]
     lines += [f"| {i} | {r:.3f}x | {m:.2f} | {h} |" for i, (r, m, h) in enumerate(rows)]
     name = "adaptive-sessions" + ("" if args.case == "~75%" else "-" + args.case.strip("~%"))
+    name += "" if args.threads == 1 else f"-t{args.threads}"
     emit_report(name + ("-control" if args.control else ""), lines, save=not args.no_save)
 
 
