@@ -160,12 +160,10 @@ double DraftLengthPolicy::expected_us(int32_t k) const {
     return iteration_us_.filled()[std::clamp(k, 0, n_max_)];
 }
 
-int32_t DraftLengthPolicy::best() const {
+int32_t DraftLengthPolicy::best(const std::vector<double> & tokens, const std::vector<double> & us) const {
     // costs are measured per length asked for, as a whole (draft, verify, bookkeeping, sampling,
     // emission): cost curves are bumpy (one batch size can be slower than both neighbours), so a
     // length's own measurement beats any model of it; unmeasured lengths are interpolated
-    const std::vector<double> tokens = estimated_tokens_by_length();
-    const std::vector<double> us = iteration_us_.filled();
     int32_t best_k = 0;
     double best_rate = tokens[0] / std::max(1e-9, us[0]);
     for (int32_t k = n_min_; k <= n_max_; ++k) {
@@ -204,7 +202,10 @@ int32_t DraftLengthPolicy::choose() {
         if (c > 0 && !warmed_[(size_t) c]) calibration_.push_back(c);
         return c;
     };
-    const int32_t k = best();  // with only the plain cost measured, longer verifies get a guessed slope
+    // the tables best() and explore() read, once per step
+    const std::vector<double> tokens = estimated_tokens_by_length();
+    const std::vector<double> us = iteration_us_.filled();
+    const int32_t k = best(tokens, us);  // with only the plain cost measured, longer verifies get a guessed slope
     if (k > 0 && !calibrated_) {
         // drafting may pay: measure what verifies really cost, at the longest draft, half of it and
         // the shortest, twice (the first of each allocates graphs and is not measured; verify costs
@@ -225,7 +226,7 @@ int32_t DraftLengthPolicy::choose() {
         if (calibrated_ && it % kProbeEvery == kProbeEvery - 1) {
             // ...and doubt the costs that say so: measured during a slow spell, they would keep the
             // session plain at any acceptance (shadow drafts only update the acceptance)
-            const int32_t c = explore(0);
+            const int32_t c = explore(0, tokens, us);
             if (c != 0) return probe(c);
         }
         if (it >= next_shadow_) {
@@ -234,18 +235,16 @@ int32_t DraftLengthPolicy::choose() {
         }
         return 0;
     }
-    if (it % kProbeEvery == kProbeEvery - 1) return probe(explore(k));
+    if (it % kProbeEvery == kProbeEvery - 1) return probe(explore(k, tokens, us));
     return k;
 }
 
-int32_t DraftLengthPolicy::explore(int32_t k) const {
+int32_t DraftLengthPolicy::explore(int32_t k, const std::vector<double> & tokens, const std::vector<double> & us) const {
     // the length with the best optimistic rate: its cost may be lower than estimated by an amount that
     // grows as its confidence fades (measured rarely, or long ago while the machine was slower), so
     // every plausible length is measured again from time to time, the most promising first; k itself
     // when no other could beat it (no exploration then). Cost curves are bumpy: interpolation can hide
     // a cheap length, and ±1 steps around k (the first version) never reached it.
-    const std::vector<double> tokens = estimated_tokens_by_length();
-    const std::vector<double> us = iteration_us_.filled();
     int32_t pick = k;
     double pick_rate = tokens[k] / std::max(1e-9, us[k]);
     for (int32_t c = n_min_; c <= n_max_; ++c) {

@@ -58,9 +58,11 @@ private:
     // what the policy uses: the model's E(r) at the length r of the last verify, times the replay's
     // E(k) / E(r) (ADR 0009); the model alone after a plain step
     std::vector<double> estimated_tokens_by_length() const;
-    int32_t best() const;
+    // the length with the highest tokens[k] / us[k] (the estimates above, the cost table filled in)
+    int32_t best(const std::vector<double> & tokens, const std::vector<double> & us) const;
     uint32_t shadow_gap() const;  // plain steps between shadow drafts: their cost within a budget
-    int32_t explore(int32_t k) const;  // the length to learn instead of k in an exploration slot (k: none)
+    // the length to learn instead of k in an exploration slot (k: none), from the same tables
+    int32_t explore(int32_t k, const std::vector<double> & tokens, const std::vector<double> & us) const;
 
     int32_t n_max_, n_min_;
     std::vector<double> asked_, drafted_;     // decayed counts per position
