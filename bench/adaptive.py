@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import llamaspec
-from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
+from llamaspec_fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtp_speed import med, ours_rate  # noqa: E402

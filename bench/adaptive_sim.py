@@ -28,7 +28,8 @@ from pathlib import Path
 
 import llamaspec
 from llamaspec import _native
-from llamaspec.fixtures import FixtureInfo, _hidden_chain_drafts
+from llamaspec_fixtures import FixtureInfo
+from llamaspec_fixtures._common import _hidden_chain_drafts
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adaptive import mtp_fixture  # noqa: E402

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import llamaspec
-from llamaspec.fixtures import (
+from llamaspec_fixtures import (
     SPEED,
     write_dflash_fixture,
     write_draft_fixture,

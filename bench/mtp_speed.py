@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 import llamaspec
-from llamaspec.fixtures import SPEED, FixtureInfo, write_qwen35_fixture
+from llamaspec_fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from upstream import build_tools, emit_report, timed  # noqa: E402

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import llamaspec
-from llamaspec.fixtures import SPEED, write_qwen35_fixture
+from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtp_speed import med  # noqa: E402

@@ -68,7 +68,7 @@ def stream(console: Console, label: str, session: llamaspec.Generator | llamaspe
 
 
 def fixture_demo(console: Console, args: argparse.Namespace) -> None:
-    from llamaspec.fixtures import SPEED, write_qwen35_fixture
+    from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
     cache = Path(os.environ.get("LLAMASPEC_CACHE_DIR", Path.home() / ".cache" / "llamaspec")) / "fixtures"
     cache.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def fixture_demo(console: Console, args: argparse.Namespace) -> None:
         info = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=wrong) if not path.exists() else None
         with llamaspec.Model(path) as model:
             if info is None:
-                from llamaspec.fixtures import fixture_next_map
+                from llamaspec_fixtures import fixture_next_map
 
                 cycle, _ = fixture_next_map(1234)
             else:

@@ -9,4 +9,5 @@ venv="${LLAMASPEC_VENV:-.venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$(cd "$venv" && pwd)/bin/python"
 "$py" -m pip install --quiet ".[demo]"
+"$py" -m pip install --quiet ./fixtures  # the fixture writers (llamaspec_fixtures, not in the wheel)
 "$py" examples/mtp_demo.py "$@"

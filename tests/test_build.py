@@ -1,9 +1,12 @@
-"""What the build must guarantee: the CPU crash fix, hidden symbols, stubs, and the package face."""
+"""What the build must guarantee: the CPU crash fix, hidden symbols, stubs, the package face, and no
+test helpers in the product."""
 
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import subprocess
+import sys
 
 import pytest
 
@@ -43,3 +46,17 @@ def test_public_names() -> None:
     for name in llamaspec.__all__:
         assert hasattr(llamaspec, name), name
     assert llamaspec.__version__
+
+
+FIXTURE_MODULES = ["llamaspec_fixtures", "llamaspec_fixtures._common", "llamaspec_fixtures.qwen35",
+                   "llamaspec_fixtures.drafters"]
+
+
+@pytest.mark.parametrize("module", FIXTURE_MODULES)
+def test_fixture_writers_live_outside_the_product(module: str) -> None:
+    # the GGUF fixture writers are the separate fixtures/ package (llamaspec-fixtures), not in the wheel
+    assert importlib.util.find_spec("llamaspec.fixtures") is None
+    assert importlib.util.find_spec("llamaspec._drafter_fixtures") is None
+    # each module imports first in a fresh interpreter (no import cycle), without importing llamaspec
+    code = f"import sys, {module}; assert 'llamaspec' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ import pytest
 
 import llamaspec
 from llamaspec import Speculative, UnsupportedModelError
-from llamaspec.fixtures import (
+from llamaspec_fixtures import (
     DrafterInfo,
     FixtureInfo,
     write_dflash_fixture,

@@ -7,7 +7,7 @@ import pytest
 
 import llamaspec
 from llamaspec import Done, EndOfGeneration, Token
-from llamaspec.fixtures import FixtureInfo
+from llamaspec_fixtures import FixtureInfo
 
 pytestmark = pytest.mark.fixture
 

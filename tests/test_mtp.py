@@ -10,7 +10,7 @@ import pytest
 
 import llamaspec
 from llamaspec import MTP, BusyError, Done, EndOfGeneration, InvalidOptionError, UnsupportedModelError
-from llamaspec.fixtures import FixtureInfo
+from llamaspec_fixtures import FixtureInfo
 
 from .conftest import proc_threads, token_ids
 

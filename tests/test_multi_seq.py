@@ -12,7 +12,7 @@ import pytest
 
 import llamaspec
 from llamaspec import MTP, BusyError, ContextOverflowError, Done, InvalidOptionError, Speculative
-from llamaspec.fixtures import FixtureInfo
+from llamaspec_fixtures import FixtureInfo
 
 from .conftest import proc_threads, token_ids
 
@@ -104,7 +104,7 @@ def test_each_call_is_what_it_is_alone(fx_mtp_levels: dict[str, FixtureInfo], n_
 def test_other_drafters_batch_losslessly(fx_nomtp_info: FixtureInfo, fixture_dir: Any, method: str) -> None:
     """Draft models and drafter heads draft for all sequences in one call; n-gram methods per
     sequence. Greedy outputs equal the calls alone; for the model drafters, so do the counts."""
-    from llamaspec.fixtures import write_dflash_fixture, write_draft_fixture, write_dspark_fixture, write_eagle3_fixture
+    from llamaspec_fixtures import write_dflash_fixture, write_draft_fixture, write_dspark_fixture, write_eagle3_fixture
 
     kw: dict[str, Any] = {"method": method}
     if method == "draft":

@@ -18,7 +18,7 @@ from llamaspec import (
     Token,
     UnsupportedModelError,
 )
-from llamaspec.fixtures import DraftFixtureInfo, FixtureInfo, write_draft_fixture
+from llamaspec_fixtures import DraftFixtureInfo, FixtureInfo, write_draft_fixture
 
 from .conftest import token_ids
 
@@ -214,7 +214,7 @@ def test_sampling_stops_grammar_and_async_for_every_kind(target: llamaspec.Model
     if method == "draft":
         kwargs["draft_model"] = draft_levels["70"].path
     elif method in ("eagle3", "dspark"):
-        from llamaspec.fixtures import write_dspark_fixture, write_eagle3_fixture
+        from llamaspec_fixtures import write_dspark_fixture, write_eagle3_fixture
 
         writer = write_eagle3_fixture if method == "eagle3" else write_dspark_fixture
         kwargs["draft_model"] = writer(fixture_dir / f"sem-{method}.gguf", fx_nomtp_info, wrong_fraction=0.3).path
