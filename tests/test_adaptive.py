@@ -258,7 +258,7 @@ def test_plain_steps_do_not_decode_the_mtp_head(fx_mtp_levels: dict[str, Fixture
         auto.generate(m.detokenize(info.cycle[:8]), 400, temperature=0)
         st = auto.stats()
         assert st.drafts_generated == 0 and st.iterations >= 399
-        draft_ctx = auto._native.draft
+        draft_ctx = auto._engine.draft
         assert draft_ctx is not None
         perf = draft_ctx.perf()
         # single-token decodes: one-token drafts and one-row catch-ups; longer catch-ups count as prompt tokens

@@ -85,6 +85,18 @@ def test_drafter_files_must_match_their_method(target: llamaspec.Model, fx_nomtp
         assert ei.value.path == path
 
 
+def test_p_min_needs_a_dspark_confidence_head(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
+                                              fixture_dir: Path) -> None:
+    """Upstream throws at init for this; the error was classified by a substring of its text. It is
+    checked first now, from the drafter's metadata, and raised as InvalidOptionError."""
+    plain = write_dspark_fixture(fixture_dir / "ds-noconf.gguf", fx_nomtp_info, confidence_head=False)
+    with pytest.raises(llamaspec.InvalidOptionError, match="confidence head.*use p_min=0") as ei:
+        Speculative(target, method="dspark", draft_model=plain.path, p_min=0.5)
+    assert ei.value.path == plain.path
+    with Speculative(target, method="dspark", draft_model=plain.path, p_min=0.0) as spec:  # p_min 0 needs none
+        assert spec.generate(target.detokenize(fx_nomtp_info.cycle[:8]), 8, temperature=0)
+
+
 @pytest.mark.parametrize("kind", list(WRITERS))
 def test_drafter_made_for_another_target_is_refused(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
                                                     fixture_dir: Path, kind: str) -> None:
@@ -120,7 +132,7 @@ def test_a_shorter_draft_decodes_only_what_it_asks_for(fx_info: FixtureInfo, fx_
             prompt = model.detokenize(info.cycle[:8])
             spec.generate(prompt, 4, temperature=0)  # one verify, asking for 4 - 1 = 3 drafts
             assert spec.stats().draft_length_histogram[3] == 1
-            draft_ctx = spec._native.draft
+            draft_ctx = spec._engine.draft
             assert draft_ctx is not None
             # one draft step per token (EAGLE-3's first step runs as a multi-row batch, which llama.cpp
             # counts as a prompt evaluation); without the patch: 8 and 7

@@ -153,7 +153,7 @@ def test_model_without_mtp_layers(fx_nomtp_info: FixtureInfo) -> None:
         assert fx_nomtp_info.path in str(ei.value) and ei.value.path == fx_nomtp_info.path
     with llamaspec.Model(fx_nomtp_info.path) as m:  # the native check too (it must not abort)
         with pytest.raises(UnsupportedModelError, match="no MTP layers"):
-            llamaspec._native.SpecSession.create(m._require(), {"n_ctx": 256},
+            llamaspec._native.Session.create(m._require(), {"n_ctx": 256},
                                                  {"methods": ["draft-mtp"], "n_draft": 3}, None)
 
 

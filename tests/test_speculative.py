@@ -297,10 +297,10 @@ def test_configuration_errors(target: llamaspec.Model, fx: llamaspec.Model,
 @pytest.mark.fixture
 def test_native_checks_do_not_depend_on_the_python_face(target: llamaspec.Model) -> None:
     # the native engine checks again what the Python face checks first: it must never abort
-    create = llamaspec._native.SpecSession.create
+    create = llamaspec._native.Session.create
     native = target._require()
     cases: list[tuple[dict[str, object], type[Exception], str]] = [
-        ({"methods": []}, InvalidOptionError, "no speculative method"),
+        ({"methods": [], "adaptive": True}, InvalidOptionError, "needs a speculative method"),
         ({"methods": ["none"]}, InvalidOptionError, "unknown speculative method 'none'"),
         ({"methods": ["ngram-mod", "ngram-mod"]}, InvalidOptionError, "given twice"),
         ({"methods": ["draft-simple", "draft-mtp"]}, InvalidOptionError, "at most one model-based"),

@@ -212,6 +212,21 @@ def context_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Context options a session sets itself: it decodes n_seq sequences of n_ctx tokens each, in
+#: separate cache streams.
+SESSION_MANAGED = {"n_seq_max": "n_seq", "kv_unified": "n_seq"}
+
+
+def session_context_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the context options of a session (Generator, Speculative): context_options, less the
+    ones the session sets itself (InvalidOptionError, naming the session option to use instead)."""
+    for name, instead in SESSION_MANAGED.items():
+        if name in options:
+            raise InvalidOptionError(f"{name} is set by the session (it decodes {instead} sequences of n_ctx "
+                                     f"tokens each, in separate cache streams); use {instead}= instead")
+    return context_options(options)
+
+
 def sampling_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Validate sampling options; a missing or None seed becomes a random one (reported in Done)."""
     out = validate("sampling option", SAMPLING_OPTIONS, options)

@@ -1,17 +1,21 @@
-"""The streaming machinery every generation object shares (Generator now; speculative sessions later).
+"""The session every generation object is: ``Generator`` (plain) and ``Speculative``/``MTP`` are
+this class over one native engine (src/native/engine.h), with or without a drafter.
 
-A subclass provides ``self._engine`` (a native engine whose ``start(...)`` returns a native Run) and
-``self._model``. This class turns the Run's native events into Python events, applies the timeouts,
-and makes every exit path (exhaustion, break, close(), garbage collection, Ctrl-C, an exception)
-cancel and join the native worker, so that the session is reusable at once.
+A subclass builds ``self._engine`` (a native Session) in its constructor and calls ``_init_session``.
+This class turns the native calls' events into Python events, applies the timeouts, and makes
+every exit path (exhaustion, break, close(), garbage collection, Ctrl-C, an exception, a cancelled
+task) cancel the call and wait until the engine has let go of it, so that its sequence is free at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -19,14 +23,17 @@ from typing import Any, TypeVar
 from . import _native
 from ._log import sync_log_level
 from ._options import sampling_options
-from .errors import ClosedError, GenerationTimeout, InvalidOptionError
-from .events import Done, EndOfGeneration, Event, GenerationStats, Token
 from .context import Context
+from .errors import ClosedError, GenerationTimeout, InvalidOptionError
+from .events import Done, EndOfGeneration, Event, GenerationStats, Stats, Token
 from .model import Model
+from .stats import SpecStats
 
 _S = TypeVar("_S", bound="_StreamingSession")
 
 Prompt = str | Sequence[int]
+
+logger = logging.getLogger("llamaspec")
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,12 @@ def _check_timeout(name: str, v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
         raise InvalidOptionError(f"{name} must be a positive number of seconds or None, got {v!r}")
     return float(v)
+
+
+def _check_every(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InvalidOptionError(f"emit_stats_every must be an int >= 0, got {v!r}")
+    return v
 
 
 class _Pull:
@@ -76,16 +89,84 @@ class _Pull:
         return event
 
 
+class _Waker:
+    """Wakes an asyncio loop when a call has a new event, with no thread waiting for it: the engine
+    writes a byte to a pipe whose read end the loop watches (``Run.set_wake_fd``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, run: _native.Run) -> None:
+        self._loop = loop
+        self._run = run
+        self._fut: asyncio.Future[None] | None = None
+        self._r, self._w = os.pipe()
+        try:
+            os.set_blocking(self._r, False)
+            os.set_blocking(self._w, False)
+            loop.add_reader(self._r, self._readable)  # NotImplementedError: a loop without it
+        except BaseException:
+            os.close(self._r)
+            os.close(self._w)
+            raise
+        run.set_wake_fd(self._w)
+
+    def _readable(self) -> None:
+        try:
+            os.read(self._r, 4096)
+        except BlockingIOError:
+            pass
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+
+    async def next(self, wait: float) -> tuple[Any, ...] | None:
+        """The next event, or None after ``wait`` seconds (< 0: no limit)."""
+        deadline = None if wait < 0 else self._loop.time() + wait
+        while True:
+            raw = self._run.next(0.0)  # a look: never blocks
+            if raw is not None:
+                return raw
+            left = None if deadline is None else deadline - self._loop.time()
+            if left is not None and left <= 0:
+                return None
+            # no await between the look above and this one: a byte written meanwhile is seen by
+            # _readable once we wait, and completes this future
+            fut = self._fut = self._loop.create_future()
+            timer = None if left is None else self._loop.call_later(left, _settle, fut)
+            try:
+                await fut
+            finally:
+                self._fut = None
+                if timer is not None:
+                    timer.cancel()
+
+    def close(self) -> None:
+        self._run.set_wake_fd(-1)  # the engine writes no more once this returns
+        self._loop.remove_reader(self._r)
+        os.close(self._r)
+        os.close(self._w)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _StreamingSession:
-    _engine: _native.Generator | _native.SpecSession | None
+    """What every session shares: streaming (sync and async), batches, statistics, cancellation."""
+
+    _engine: _native.Session | None
     _model: Model
     _context: Context  # the context the session decodes on (the target, for speculative sessions)
 
-    def _init_session(self) -> None:
+    def _init_session(self, model: Model, native: _native.Session, options: dict[str, Any], n_seq: int) -> None:
         self._lock = threading.Lock()
         self._active: list[_native.Run] = []  # running calls (several on multi-sequence sessions)
         self._last_stats: GenerationStats | None = None
         self._closed = False
+        self._model = model
+        # the session tokenizes with the weights it runs: Model.close() only drops the Model's handle
+        self._native_model: _native.Model = model._require()
+        self._engine = native
+        self._n_seq = n_seq
+        self._context = Context._from_native(model, native.target, options)
 
     # -- request preparation (eager: errors surface at the call, not at the first next()) ---------
 
@@ -99,7 +180,7 @@ class _StreamingSession:
         stop = opts.pop("stop", [])
         grammar_root = opts.pop("grammar_root", None) or "root"
         if isinstance(prompt, str):
-            tokens = self._model.tokenize(prompt, add_special=True, parse_special=True)
+            tokens = list(self._native_model.tokenize(prompt, True, True))
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
             items: list[object] = list(prompt)
             tokens = []
@@ -114,12 +195,16 @@ class _StreamingSession:
         return _Request(tokens, max_tokens, _check_timeout("timeout", timeout),
                         _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts)
 
-    def _start(self, req: _Request) -> _native.Run:
-        engine = self._engine
-        if engine is None:
+    def _require(self) -> _native.Session:
+        native = self._engine
+        if native is None:
             raise ClosedError(f"this {type(self).__name__} is closed")
+        return native
+
+    def _start(self, req: _Request) -> _native.Run:
+        native = self._require()
         sync_log_level()
-        run = engine.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root)
+        run = native.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root)
         with self._lock:
             self._active.append(run)
         return run
@@ -157,18 +242,22 @@ class _StreamingSession:
             self._finish(run)
 
     def stream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                      prefill_timeout: float | None = None, **sampling: Any) -> Iterator[Event]:
-        """Generate, yielding Token events, then EndOfGeneration (if the model stopped), then Done.
+                      prefill_timeout: float | None = None, emit_stats_every: int = 0,
+                      **sampling: Any) -> Iterator[Event]:
+        """Generate, yielding Token events (and a Stats event every ``emit_stats_every`` tokens when
+        > 0), then EndOfGeneration (if the model stopped), then Done.
 
         The decode loop runs in C++ with the GIL released. Leaving the loop early (break, close(),
         garbage collection, an exception, Ctrl-C) stops the native work within one step, also in the
-        middle of a long prompt, and the object can generate again at once.
+        middle of a long prompt, and the sequence is free for the next call at once.
 
         Args:
             prompt: text (tokenized with BOS as the model wants and special tokens parsed) or token ids.
             max_tokens: exact upper bound on generated tokens (>= 1).
             timeout: seconds to wait for each token after the first (None: no limit).
             prefill_timeout: seconds to wait for the first token (None: no limit).
+            emit_stats_every: an int >= 0; when > 0, a Stats event every that many tokens with the
+                session's totals (with n_seq > 1: the counters of the call's sequence).
             **sampling: sampling options (README, "Sampling"); ``stop`` ends the text before the first
                 stop string (which is not emitted).
 
@@ -179,11 +268,32 @@ class _StreamingSession:
             InvalidOptionError: an invalid option or prompt (here, at the call).
             TypeError: an unknown option (here, at the call).
             ContextOverflowError: prompt + max_tokens > n_ctx (at the first ``next()``).
-            BusyError: another generation is running on this object (at the first ``next()``).
+            BusyError: every sequence of this session is generating (at the first ``next()``).
             GrammarError: the grammar does not parse (at the first ``next()``).
             GenerationTimeout: a timeout passed; the native work was stopped.
         """
-        return self._iterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling))
+        every = _check_every(emit_stats_every)
+        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling)
+        if every == 0:
+            return self._iterate(req)
+        seq: list[int] = []
+        return self._with_stats(self._iterate(req, lambda run: seq.append(run.seq)), every, seq)
+
+    def _call_stats(self, seq: list[int]) -> SpecStats:
+        """What a Stats event carries: the totals, or with several sequences the call's sequence."""
+        return self.stats(seq[0] if self._n_seq > 1 and seq else None)
+
+    def _with_stats(self, events: Iterator[Event], every: int, seq: list[int]) -> Iterator[Event]:
+        n = 0
+        try:
+            for ev in events:
+                yield ev
+                if isinstance(ev, Token):
+                    n += 1
+                    if n % every == 0:
+                        yield Stats(self._call_stats(seq))
+        finally:
+            events.close()  # type: ignore[attr-defined]
 
     def stream(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
                prefill_timeout: float | None = None, **sampling: Any) -> Iterator[str]:
@@ -213,18 +323,32 @@ class _StreamingSession:
     # -- async iteration ---------------------------------------------------------------------------
 
     async def astream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                             prefill_timeout: float | None = None, **sampling: Any) -> AsyncIterator[Event]:
-        """Async form of stream_events. Never blocks the event loop: every wait on the native queue
-        runs in the loop's default executor. Cancelling the task stops the native work.
+                             prefill_timeout: float | None = None, emit_stats_every: int = 0,
+                             **sampling: Any) -> AsyncIterator[Event]:
+        """Async form of stream_events. Never blocks the event loop: the engine wakes the loop when
+        an event is ready (a pipe the loop watches); only the start and the close of a call run in
+        the loop's default executor. Cancelling the task stops the native work.
         """
-        async for ev in self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling)):
-            yield ev
+        every = _check_every(emit_stats_every)
+        seq: list[int] = []
+        agen = self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling),
+                              lambda run: seq.append(run.seq))
+        n = 0
+        try:
+            async for ev in agen:
+                yield ev
+                if every and isinstance(ev, Token):
+                    n += 1
+                    if n % every == 0:
+                        yield Stats(self._call_stats(seq))
+        finally:
+            await agen.aclose()  # type: ignore[attr-defined]
 
     async def _aiterate(self, req: _Request,
                         on_start: Callable[[_native.Run], None] | None = None) -> AsyncIterator[Event]:
         loop = asyncio.get_running_loop()
-        # the start runs in the executor and goes on if this task is cancelled meanwhile: whichever
-        # of the two comes second (the start, or the cancel) closes the call
+        # the start runs in the executor (it builds the sampler and may wait for the engine) and goes
+        # on if this task is cancelled meanwhile: whichever of the two comes second closes the call
         lock = threading.Lock()
         abandoned = False
         started: list[_native.Run] = []
@@ -248,16 +372,26 @@ class _StreamingSession:
             raise
         assert maybe_run is not None
         run = maybe_run
+        waker: _Waker | None = None
         try:
             if on_start is not None:
                 on_start(run)
+            try:
+                waker = _Waker(loop, run)
+            except NotImplementedError:  # a loop that cannot watch a descriptor: wait in a thread
+                waker = None
             pull = _Pull(self, run, req)
             while True:
-                event = pull.event(await loop.run_in_executor(None, run.next, pull.wait))
+                wait = pull.wait
+                raw = await (waker.next(wait) if waker is not None
+                             else loop.run_in_executor(None, run.next, wait))
+                event = pull.event(raw)
                 yield event
                 if isinstance(event, Done):
                     return
         finally:
+            if waker is not None:
+                waker.close()
             run.cancel()
             try:
                 await asyncio.shield(loop.run_in_executor(None, self._finish, run))
@@ -276,6 +410,106 @@ class _StreamingSession:
         finally:
             await agen.aclose()  # type: ignore[attr-defined]
 
+    # -- batches and statistics --------------------------------------------------------------------
+
+    def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, timeout: float | None = 60.0, *,
+                       prefill_timeout: float | None = None, **sampling: Any) -> list[str]:
+        """Generate for several prompts at once, n_seq at a time, sharing every target pass (and
+        draft call); each output is what ``generate`` gives for that prompt alone.
+
+        Args:
+            prompts: texts or token-id lists.
+            max_tokens, timeout, prefill_timeout, **sampling: as for ``generate``, for every prompt
+                (a ``seed`` gives every prompt the same seed).
+
+        Returns:
+            The generated texts, in the order of the prompts.
+
+        Raises:
+            As ``generate``; the first error of any prompt is raised after every call has stopped.
+            BusyError: other calls hold the sequences this one needs.
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise InvalidOptionError("prompts must be a sequence of prompts (texts or token-id lists)")
+        reqs = [self._prepare(p, max_tokens, timeout, prefill_timeout, dict(sampling)) for p in prompts]
+        if not reqs:
+            return []
+        started: list[_native.Run] = []
+        stopping = False
+        lock = threading.Lock()
+
+        def on_start(run: _native.Run) -> None:
+            with lock:
+                started.append(run)
+                if stopping:  # the batch is being left: a call that starts now stops at once
+                    run.cancel()
+
+        def one(req: Any) -> str:
+            with lock:
+                if stopping:
+                    raise CancelledError
+            events = self._iterate(req, on_start)
+            try:
+                return "".join(ev.text for ev in events if isinstance(ev, Token))
+            finally:
+                events.close()  # type: ignore[attr-defined]
+
+        with ThreadPoolExecutor(max_workers=min(self._n_seq, len(reqs)),
+                                thread_name_prefix="llamaspec-batch") as pool:
+            futures = [pool.submit(one, r) for r in reqs]
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)  # an error stops the batch at once
+                for f in futures:
+                    if f.done() and f.exception() is not None:
+                        raise f.exception()  # type: ignore[misc]
+                return [f.result() for f in futures]
+            except BaseException:
+                with lock:
+                    stopping = True
+                    for run in started:
+                        run.cancel()
+                for f in futures:
+                    f.cancel()
+                raise
+
+    def stats(self, seq: int | None = None) -> SpecStats:
+        """Cumulative statistics, with one StageStats per stage; readable from any thread, also
+        mid-stream, without blocking it.
+
+        Args:
+            seq: None for the session's totals, or a sequence (0 .. n_seq - 1; a call's sequence is
+                ``Done.stats.seq``) for the calls that ran on it. The totals' counts are the sums of
+                the sequences'; their times count each shared draft or verify pass once (a
+                sequence's times are those of the passes it took part in), and their tokens/s is
+                the session's throughput (tokens over the time any sequence was generating).
+
+        Raises:
+            InvalidOptionError: seq is out of range.
+            ClosedError: the session is closed.
+        """
+        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self._n_seq):
+            raise InvalidOptionError(f"seq must be None or within [0, {self._n_seq}), got {seq!r}")
+        return SpecStats._from_native(self._require().stats(-1 if seq is None else seq))
+
+    def reset_stats(self) -> None:
+        """Zero the cumulative statistics.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
+        self._require().reset_stats()
+
+    def print_stats(self) -> str:
+        """Log (logger "llamaspec", INFO) and return a summary in the form of upstream's.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
+        text = self.stats().summary()
+        logger.info("%s", text)
+        return text
+
+
     # -- state -------------------------------------------------------------------------------------
 
     @property
@@ -284,25 +518,35 @@ class _StreamingSession:
         return self._last_stats
 
     @property
+    def n_seq(self) -> int:
+        """Sequences this session decodes together (calls that may run at once)."""
+        return self._n_seq
+
+    @property
+    def n_running(self) -> int:
+        """Calls running now (each on its own sequence)."""
+        with self._lock:
+            return len(self._active)
+
+    @property
     def busy(self) -> bool:
-        """True while a generation is running."""
-        return bool(self._active)
+        """True while every sequence is taken: a new call now would raise BusyError (with
+        ``n_seq=1``: while a generation runs)."""
+        native = self._engine
+        return native is not None and native.busy
 
     def cancel(self) -> None:
         """Stop the running generation (every running one, on a multi-sequence session), from any
         thread (no-op when idle).
 
         The consumer then receives Done with finish_reason "cancelled"; a prompt being decoded is
-        interrupted at the next graph node.
+        interrupted at the next graph node. A cancel that arrives after a call has ended does
+        nothing, to that call or to any later one.
         """
         with self._lock:
             runs = list(self._active)
         for run in runs:
             run.cancel()
-
-    def _close_session(self) -> None:
-        self._closed = True
-        self.cancel()
 
     @property
     def model(self) -> Model:
@@ -311,18 +555,22 @@ class _StreamingSession:
 
     @property
     def context(self) -> Context:
-        """The context this session owns (n_ctx, n_threads, perf counters, ...)."""
+        """The context this session decodes on (n_ctx, n_threads, perf counters, ...). Its
+        ``decode``/``clear``/``logits`` raise BusyError while the session generates (the engine owns
+        it then), and a generation that would start during such a call raises BusyError."""
         return self._context
 
     @property
     def n_ctx(self) -> int:
-        """Context size in tokens."""
+        """Context size in tokens (per sequence)."""
         return self._context.n_ctx
 
     def close(self) -> None:
-        """Stop a running generation and free the context. Idempotent."""
-        self._close_session()
-        self._engine = None  # a still-running worker keeps what it needs until it has stopped
+        """Stop the running generations and free the contexts (once the engine has let go of them).
+        Idempotent."""
+        self._closed = True
+        self.cancel()
+        self._engine = None  # a still-running call keeps what it needs until it has stopped
         self._context.close()
 
     def __enter__(self: _S) -> _S:

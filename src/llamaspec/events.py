@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import Any, Literal, Union
 
-if TYPE_CHECKING:
-    from .speculative import SpecStats
+from .stats import SpecStats
 
 __all__ = ["Token", "EndOfGeneration", "Done", "Stats", "GenerationStats", "Event", "FinishReason"]
 
@@ -47,10 +46,11 @@ class GenerationStats:
         finish_reason: "stop" (end-of-generation or a stop string), "length" (max_tokens) or
             "cancelled".
         seed: the sampler seed used (random unless given).
-        iterations: verify passes of the target (speculative sessions; 0 for plain generation).
-        drafts_generated: draft tokens proposed in this call (speculative sessions).
-        drafts_accepted: draft tokens accepted in this call (speculative sessions).
-        seq: the sequence the call ran on (speculative sessions with n_seq > 1; else 0).
+        iterations: target passes after the prompt (speculative sessions: verifies; plain
+            generation: one per token after the first, which comes from the prompt's pass).
+        drafts_generated: draft tokens proposed in this call (0 for plain generation).
+        drafts_accepted: draft tokens accepted in this call (0 for plain generation).
+        seq: the sequence the call ran on (0 but on sessions with n_seq > 1).
     """
 
     prompt_tokens: int

@@ -1,4 +1,4 @@
-"""Generator: plain (non-speculative) streaming generation."""
+"""Generator: plain (non-speculative) streaming generation, on the same engine as Speculative."""
 
 from __future__ import annotations
 
@@ -6,20 +6,21 @@ from typing import Any
 
 from . import _native
 from ._log import sync_log_level
-from ._options import context_options
+from ._options import session_context_options
 from ._session import _StreamingSession
-from .context import Context
+from .errors import InvalidOptionError
 from .model import Model
 
 __all__ = ["Generator"]
 
 
 class Generator(_StreamingSession):
-    """Plain streaming generation on its own context.
+    """Plain streaming generation: the session engine with no drafter.
 
-    One generation runs at a time per Generator (a concurrent call raises BusyError); use one
-    Generator per thread for parallel generation (they may share one Model). Each call starts from an
-    empty KV cache.
+    Up to ``n_seq`` calls run at once (from different threads or asyncio tasks, or
+    ``generate_batch``), each on its own sequence of ``n_ctx`` tokens, all of them decoded together
+    in one target pass per step; each call's output is what it gives alone (greedy, or seeded). One
+    more call raises BusyError. Each call starts from an empty cache.
 
     Example:
         >>> with llamaspec.Model(path) as model, llamaspec.Generator(model, n_ctx=4096) as gen:
@@ -27,24 +28,28 @@ class Generator(_StreamingSession):
         ...         print(piece, end="", flush=True)
     """
 
-    def __init__(self, model: Model, **options: Any) -> None:
-        """Create the generator and its context.
+    def __init__(self, model: Model, *, n_seq: int = 1, **options: Any) -> None:
+        """Create the generator, its context and its engine.
 
         Args:
             model: the loaded model (shared, not owned).
-            **options: context options (see Context): n_ctx (2048), n_threads, n_batch, ...
+            n_seq: calls that may run at once (1..64), each with n_ctx tokens of its own.
+            **options: context options (see Context): n_ctx (2048), n_threads, n_batch, ...;
+                n_seq_max and kv_unified are the session's own (set by n_seq).
 
         Raises:
             TypeError: an unknown option.
             InvalidOptionError: an invalid option value.
             LlamaspecError: llama.cpp could not create the context.
         """
-        self._init_session()
-        self._model = model
-        opts = context_options(options)
+        if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 64:
+            raise InvalidOptionError(f"n_seq must be an int within [1, 64], got {n_seq!r}")
+        opts = session_context_options(options)
+        native_model = model._require()
         sync_log_level()
-        self._context = Context._from_native(model, _native.Context.create(model._require(), opts), opts)
-        self._engine = _native.Generator(self._context._require())
+        native = _native.Session.create(native_model, opts, {"methods": [], "n_seq": n_seq}, None)
+        self._init_session(model, native, opts, n_seq)
 
     def __repr__(self) -> str:
-        return f"<llamaspec.Generator n_ctx={self._context.n_ctx if not self._closed else '?'} model={self._model!r}>"
+        n_ctx = self._context.n_ctx if not self._closed else "?"
+        return f"<llamaspec.Generator n_ctx={n_ctx} n_seq={self._n_seq} model={self._model!r}>"

@@ -3,24 +3,18 @@ session type (``Speculative``); ``MTP`` is ``Speculative`` with ``method="mtp"``
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from . import _native
 from ._log import sync_log_level
-from ._options import context_options
-from ._session import Prompt, _StreamingSession
-from .context import Context
-from .errors import ClosedError, DraftModelRequiredError, InvalidOptionError, UnsupportedModelError
-from .events import Event, Stats, Token
+from ._options import session_context_options
+from ._session import _StreamingSession
+from .errors import DraftModelRequiredError, InvalidOptionError, UnsupportedModelError
 from .model import Model
 
-__all__ = ["Speculative", "MTP", "SpecStats", "StageStats", "METHODS", "ngram_cache_create"]
+__all__ = ["Speculative", "MTP", "METHODS", "ngram_cache_create"]
 
 #: Every method upstream's common_speculative implements, by its upstream name.
 METHODS: tuple[str, ...] = (
@@ -34,165 +28,6 @@ METHOD_ALIASES: dict[str, str] = {
 }
 _NEEDS_DRAFT_MODEL = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
 _NGRAM_OPTIONS = {"size_n": (1, 256), "min_hits": (1, 1 << 15), "n_match": (1, 1024)}
-
-logger = logging.getLogger("llamaspec")
-
-
-@dataclass(frozen=True, slots=True)
-class StageStats:
-    """Statistics of one stage of a chain (one upstream method), cumulative like SpecStats.
-
-    Attributes:
-        method: the upstream method name, e.g. "ngram-mod".
-        drafts: drafts this stage produced (verify passes it drafted for).
-        drafts_generated: draft tokens it proposed.
-        drafts_accepted: of those, tokens the target accepted.
-        acceptance_rate: drafts_accepted / drafts_generated (0.0 when it proposed nothing).
-        draft_us: microseconds inside its draft calls, including the calls that found nothing.
-        accepted_per_position: how often its draft position i was accepted (length n_draft).
-        drafted_per_position: how often its draft reached position i (length n_draft).
-    """
-
-    method: str
-    drafts: int
-    drafts_generated: int
-    drafts_accepted: int
-    acceptance_rate: float
-    draft_us: float
-    accepted_per_position: tuple[int, ...]
-    drafted_per_position: tuple[int, ...]
-
-    @classmethod
-    def _from_native(cls, d: dict[str, Any]) -> StageStats:
-        gen, acc = int(d["drafts_generated"]), int(d["drafts_accepted"])
-        return cls(
-            method=str(d["method"]),
-            drafts=int(d["drafts"]),
-            drafts_generated=gen,
-            drafts_accepted=acc,
-            acceptance_rate=acc / gen if gen else 0.0,
-            draft_us=float(d["draft_us"]),
-            accepted_per_position=tuple(int(x) for x in d["accepted_per_position"]),
-            drafted_per_position=tuple(int(x) for x in d["drafted_per_position"]),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SpecStats:
-    """Cumulative statistics of a speculative session (all calls since creation or reset_stats()).
-
-    Every snapshot is internally consistent: the counters (totals and stages) were copied together.
-
-    Attributes:
-        iterations: verifies (the prompt pass is not one); on a multi-sequence session, summed
-            over the sequences.
-        passes: target verify passes; one pass verifies every sequence that is decoding, so with
-            several sequences passes < iterations (with one, they are equal).
-        drafts_generated: draft tokens proposed.
-        drafts_accepted: draft tokens the target accepted.
-        acceptance_rate: drafts_accepted / drafts_generated (0.0 when nothing was drafted).
-        tokens_emitted: Token events emitted.
-        tokens_per_second: sum of (tokens - 1) over calls / sum of their first-to-last-token times
-            (prompt excluded).
-        timing_us: microseconds spent in "draft", "verify", "sample", "prefill", and "total".
-        n_draft: the maximum draft length.
-        mean_accepted_length: accepted drafts per verify + 1 (tokens per target pass).
-        accepted_per_position: how often draft position i was accepted (length n_draft).
-        drafted_per_position: how often a draft reached position i (length n_draft).
-        stages: one StageStats per stage, in the order the stages are tried; their drafts,
-            drafts_generated and drafts_accepted add up to the totals.
-        draft_length_histogram: verifies by the draft length asked for, index 0..n_draft (0: a
-            plain step; the last tokens of a call ask for less than the rest).
-        adaptive: the session chooses the length per verify (``n_draft="auto"``); n_draft is then
-            the maximum.
-        shadow_drafts: with ``n_draft="auto"``, plain steps that also asked the drafter for a token
-            without verifying it (to measure acceptance at no verify cost); not in drafts_generated.
-        shadow_accepted: shadow drafts whose token equalled the one the plain step produced.
-    """
-
-    iterations: int
-    drafts_generated: int
-    drafts_accepted: int
-    acceptance_rate: float
-    tokens_emitted: int
-    tokens_per_second: float
-    timing_us: dict[str, float]
-    n_draft: int
-    mean_accepted_length: float
-    accepted_per_position: tuple[int, ...]
-    drafted_per_position: tuple[int, ...]
-    stages: tuple[StageStats, ...] = ()
-    draft_length_histogram: tuple[int, ...] = ()
-    adaptive: bool = False
-    shadow_drafts: int = 0
-    shadow_accepted: int = 0
-    passes: int = 0
-
-    @classmethod
-    def _from_native(cls, d: dict[str, Any]) -> SpecStats:
-        gen, acc, it = int(d["drafts_generated"]), int(d["drafts_accepted"]), int(d["iterations"])
-        window = float(d["window_s"])
-        return cls(
-            iterations=it,
-            drafts_generated=gen,
-            drafts_accepted=acc,
-            acceptance_rate=acc / gen if gen else 0.0,
-            tokens_emitted=int(d["tokens_emitted"]),
-            tokens_per_second=int(d["rate_tokens"]) / window if window > 0 else 0.0,
-            timing_us={k: float(d[f"{k}_us"]) for k in ("draft", "verify", "sample", "prefill", "total")},
-            n_draft=int(d["n_draft"]),
-            mean_accepted_length=acc / it + 1.0 if it else 0.0,
-            accepted_per_position=tuple(int(x) for x in d["accepted_per_position"]),
-            drafted_per_position=tuple(int(x) for x in d["drafted_per_position"]),
-            stages=tuple(StageStats._from_native(sd) for sd in d.get("stages", ())),
-            draft_length_histogram=tuple(int(x) for x in d.get("draft_length_histogram", ())),
-            adaptive=bool(d.get("adaptive", False)),
-            shadow_drafts=int(d.get("shadow_drafts", 0)),
-            shadow_accepted=int(d.get("shadow_accepted", 0)),
-            passes=int(d.get("passes", it)),
-        )
-
-    @property
-    def mean_draft_length(self) -> float:
-        """The mean draft length asked for per verify (0.0 before the first)."""
-        n = sum(self.draft_length_histogram)
-        return sum(k * c for k, c in enumerate(self.draft_length_histogram)) / n if n else 0.0
-
-    @property
-    def methods(self) -> tuple[str, ...]:
-        """The stages' method names, in the order they are tried."""
-        return tuple(st.method for st in self.stages)
-
-    def summary(self, method: str | None = None) -> str:
-        """A summary in the form of upstream's speculative statistics, built from our counters: one
-        line per stage when stages are chained, then the totals.
-
-        Args:
-            method: the label of the totals line (default: the stages' names joined by ",").
-        """
-        label = method if method is not None else (",".join(self.methods) or "speculative")
-        lines = []
-        if len(self.stages) > 1:
-            for st in self.stages:
-                rates = ", ".join(f"{a / st.drafts:.3f}" if st.drafts else "0.000" for a in st.accepted_per_position)
-                mean = st.drafts_accepted / st.drafts + 1.0 if st.drafts else 0.0
-                lines.append(
-                    f"statistics {st.method:>16}: #drafts = {st.drafts}, #gen tokens = {st.drafts_generated}, "
-                    f"#acc tokens = {st.drafts_accepted}, acceptance = {100 * st.acceptance_rate:.2f}%, "
-                    f"#mean acc len = {mean:.2f}, #acc rate/pos = ({rates}), dur(draft) = {st.draft_us / 1e3:.3f} ms"
-                )
-        rates = ", ".join(f"{a / self.iterations:.3f}" if self.iterations else "0.000"
-                          for a in self.accepted_per_position)
-        t = self.timing_us
-        lines.append(
-            f"statistics {label:>16}: #iterations = {self.iterations}, #gen tokens = {self.drafts_generated}, "
-            f"#acc tokens = {self.drafts_accepted}, acceptance = {100 * self.acceptance_rate:.2f}%, "
-            f"#mean acc len = {self.mean_accepted_length:.2f}, #acc rate/pos = ({rates}), "
-            f"#emitted = {self.tokens_emitted}, {self.tokens_per_second:.2f} tok/s, "
-            f"dur(draft,verify,sample,prefill,total) = {t['draft'] / 1e3:.3f}, {t['verify'] / 1e3:.3f}, "
-            f"{t['sample'] / 1e3:.3f}, {t['prefill'] / 1e3:.3f}, {t['total'] / 1e3:.3f} ms"
-        )
-        return "\n".join(lines)
 
 
 def _normalize_methods(method: Any) -> list[str]:
@@ -329,8 +164,6 @@ class Speculative(_StreamingSession):
             ModelLoadError: draft_model is a path that cannot be loaded.
             TypeError: an unknown context option.
         """
-        self._init_session()
-        self._model = model
         self._owned_draft: Model | None = None
         methods = _normalize_methods(method)
         adaptive = n_draft == "auto"
@@ -375,7 +208,7 @@ class Speculative(_StreamingSession):
         elif not needs_draft:
             raise InvalidOptionError("draft_model is only used by draft-simple, draft-eagle3, draft-dflash and "
                                      f"draft-dspark (methods: {methods})")
-        opts = context_options({"n_ctx": n_ctx, **options})
+        opts = session_context_options({"n_ctx": n_ctx, **options})
         native_model = model._require()
         if "draft-mtp" in methods and model.n_layer_nextn <= 0:
             raise UnsupportedModelError(
@@ -396,34 +229,21 @@ class Speculative(_StreamingSession):
             dm = None
         sync_log_level()
         try:
-            self._native: _native.SpecSession | None = _native.SpecSession.create(
-                native_model, opts, config, dm._require() if dm is not None else None)
+            native = _native.Session.create(native_model, opts, config, dm._require() if dm is not None else None)
         except BaseException:
             if self._owned_draft is not None:
                 self._owned_draft.close()
             raise
-        self._engine = self._native
+        self._init_session(model, native, opts, n_seq)
         self._draft_model = dm
         self._n_draft = n_draft
-        self._n_seq = n_seq
         self._adaptive = adaptive
-        self._methods = tuple(self._native.methods)
-        self._context = Context._from_native(model, self._native.target, opts)
+        self._methods = tuple(native.methods)
 
     @property
     def n_draft(self) -> int:
         """Maximum draft tokens per verify (with ``n_draft="auto"``: n_draft_max)."""
         return self._n_draft
-
-    @property
-    def n_seq(self) -> int:
-        """Sequences this session decodes together (calls that may run at once)."""
-        return self._n_seq
-
-    @property
-    def n_running(self) -> int:
-        """Calls running now (each on its own sequence)."""
-        return len(self._active)
 
     @property
     def adaptive(self) -> bool:
@@ -440,173 +260,8 @@ class Speculative(_StreamingSession):
         """The draft model (model-based methods other than MTP), else None."""
         return self._draft_model
 
-    # -- streaming with periodic statistics ---------------------------------------------------------
-
-    def stream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                      prefill_timeout: float | None = None, emit_stats_every: int = 0,
-                      **sampling: Any) -> Iterator[Event]:
-        """Generate speculatively, yielding Token events (and Stats every ``emit_stats_every``
-        tokens when > 0: the session's totals, or with n_seq > 1 the counters of the call's
-        sequence), then EndOfGeneration (if the model stopped), then Done.
-
-        Arguments, errors and semantics are Generator.stream_events'; ``emit_stats_every`` is an
-        int >= 0. Done.stats carries the call's iterations, drafts_generated and drafts_accepted.
-        """
-        every = _check_every(emit_stats_every)
-        if every == 0:
-            return super().stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
-        seq: list[int] = []
-        events = self._iterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling),
-                               lambda run: seq.append(run.seq))
-        return self._with_stats(events, every, seq)
-
-    def _call_stats(self, seq: list[int]) -> SpecStats:
-        """What a Stats event carries: the totals, or with several sequences the call's sequence."""
-        return self.stats(seq[0] if self._n_seq > 1 and seq else None)
-
-    def _with_stats(self, events: Iterator[Event], every: int, seq: list[int]) -> Iterator[Event]:
-        n = 0
-        try:
-            for ev in events:
-                yield ev
-                if isinstance(ev, Token):
-                    n += 1
-                    if n % every == 0:
-                        yield Stats(self._call_stats(seq))
-        finally:
-            events.close()  # type: ignore[attr-defined]
-
-    def stream(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-               prefill_timeout: float | None = None, emit_stats_every: int = 0, **sampling: Any) -> Iterator[str]:
-        """Generate speculatively, yielding text pieces (Stats events are not part of the text)."""
-        _check_every(emit_stats_every)
-        return super().stream(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
-
-    async def astream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                             prefill_timeout: float | None = None, emit_stats_every: int = 0,
-                             **sampling: Any) -> AsyncIterator[Event]:
-        """Async form of stream_events (never blocks the event loop)."""
-        every = _check_every(emit_stats_every)
-        seq: list[int] = []
-        agen = self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling),
-                              lambda run: seq.append(run.seq))
-        n = 0
-        try:
-            async for ev in agen:
-                yield ev
-                if every and isinstance(ev, Token):
-                    n += 1
-                    if n % every == 0:
-                        yield Stats(self._call_stats(seq))
-        finally:
-            await agen.aclose()  # type: ignore[attr-defined]
-
-    def generate_batch(self, prompts: Sequence[Prompt], max_tokens: int = 256, timeout: float | None = 60.0, *,
-                       prefill_timeout: float | None = None, **sampling: Any) -> list[str]:
-        """Generate for several prompts at once, n_seq at a time, sharing every draft and verify
-        pass; each output is what ``generate`` gives for that prompt alone.
-
-        Args:
-            prompts: texts or token-id lists.
-            max_tokens, timeout, prefill_timeout, **sampling: as for ``generate``, for every prompt
-                (a ``seed`` gives every prompt the same seed).
-
-        Returns:
-            The generated texts, in the order of the prompts.
-
-        Raises:
-            As ``generate``; the first error of any prompt is raised after every call has stopped.
-            BusyError: other calls hold the sequences this one needs.
-        """
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            raise InvalidOptionError("prompts must be a sequence of prompts (texts or token-id lists)")
-        reqs = [self._prepare(p, max_tokens, timeout, prefill_timeout, dict(sampling)) for p in prompts]
-        if not reqs:
-            return []
-        started: list[_native.Run] = []
-        stopping = False
-        lock = threading.Lock()
-
-        def on_start(run: _native.Run) -> None:
-            with lock:
-                started.append(run)
-                if stopping:  # the batch is being left: a call that starts now stops at once
-                    run.cancel()
-
-        def one(req: Any) -> str:
-            with lock:
-                if stopping:
-                    raise CancelledError
-            events = self._iterate(req, on_start)
-            try:
-                return "".join(ev.text for ev in events if isinstance(ev, Token))
-            finally:
-                events.close()  # type: ignore[attr-defined]
-
-        with ThreadPoolExecutor(max_workers=min(self._n_seq, len(reqs)),
-                                thread_name_prefix="llamaspec-batch") as pool:
-            futures = [pool.submit(one, r) for r in reqs]
-            try:
-                wait(futures, return_when=FIRST_EXCEPTION)  # an error stops the batch at once
-                for f in futures:
-                    if f.done() and f.exception() is not None:
-                        raise f.exception()  # type: ignore[misc]
-                return [f.result() for f in futures]
-            except BaseException:
-                with lock:
-                    stopping = True
-                    for run in started:
-                        run.cancel()
-                for f in futures:
-                    f.cancel()
-                raise
-
-    def _require(self) -> _native.SpecSession:
-        native = self._native
-        if native is None:
-            raise ClosedError(f"this {type(self).__name__} session is closed")
-        return native
-
-    def stats(self, seq: int | None = None) -> SpecStats:
-        """Cumulative statistics, with one StageStats per stage; readable from any thread, also
-        mid-stream, without blocking it.
-
-        Args:
-            seq: None for the session's totals, or a sequence (0 .. n_seq - 1; a call's sequence is
-                ``Done.stats.seq``) for the calls that ran on it. The totals' counts are the sums of
-                the sequences'; their times count each shared draft or verify pass once (a
-                sequence's times are those of the passes it took part in), and their tokens/s is
-                the session's throughput (tokens over the time any sequence was generating).
-
-        Raises:
-            InvalidOptionError: seq is out of range.
-            ClosedError: the session is closed.
-        """
-        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self._n_seq):
-            raise InvalidOptionError(f"seq must be None or within [0, {self._n_seq}), got {seq!r}")
-        return SpecStats._from_native(self._require().stats(-1 if seq is None else seq))
-
-    def reset_stats(self) -> None:
-        """Zero the cumulative statistics.
-
-        Raises:
-            ClosedError: the session is closed.
-        """
-        self._require().reset_stats()
-
-    def print_stats(self) -> str:
-        """Log (logger "llamaspec", INFO) and return a summary in the form of upstream's.
-
-        Raises:
-            ClosedError: the session is closed.
-        """
-        text = self.stats().summary()
-        logger.info("%s", text)
-        return text
-
     def close(self) -> None:
         """Stop a running generation, free the contexts and a draft model loaded from a path. Idempotent."""
-        self._native = None  # a still-running worker keeps what it needs until it has stopped
         super().close()
         if self._owned_draft is not None:
             self._owned_draft.close()  # the native draft context keeps the weights until it is gone
@@ -673,9 +328,3 @@ def ngram_cache_create(model: Model, text: str | Sequence[int], path: str | os.P
         raise InvalidOptionError("a token id is outside the model's vocabulary")
     _native.ngram_cache_create(tokens, os.fspath(path))
     return len(tokens)
-
-
-def _check_every(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise InvalidOptionError(f"emit_stats_every must be an int >= 0, got {v!r}")
-    return v

@@ -2,7 +2,9 @@
 #include "context.h"
 
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -14,6 +16,8 @@
 #include "ggml-cpu.h"
 #include "dict_util.h"
 #include "errors.h"
+#include "faults.h"
+#include "gil.h"
 #include "logging.h"
 
 namespace nb = nanobind;
@@ -172,6 +176,8 @@ void Context::attach_threadpools() {
 }
 
 Context::~Context() {
+    GilReleasedIfHeld nogil;  // freeing the KV cache and compute buffers takes long
+    if (const int ms = fault_value(Fault::SlowFreeMs)) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     if (ctx_ != nullptr) {
         if (threadpool_ != nullptr || shares_threadpools_) llama_detach_threadpool(ctx_);
         llama_free(ctx_);
@@ -180,6 +186,13 @@ Context::~Context() {
         if (threadpool_ != nullptr) threadpool_free_(threadpool_);
         if (threadpool_batch_ != nullptr) threadpool_free_(threadpool_batch_);
     }
+}
+
+void Context::pause_threadpools() {
+    // shared pools are paused by their owner; the CPU backend is linked in (its registry offers no
+    // pause), as for ggml_threadpool_params_default above
+    if (threadpool_ != nullptr) ggml_threadpool_pause(threadpool_);
+    if (threadpool_batch_ != nullptr) ggml_threadpool_pause(threadpool_batch_);
 }
 
 void Context::clear_memory() { llama_memory_clear(llama_get_memory(ctx_), true); }
@@ -201,7 +214,23 @@ int Context::decode(const llama_token * tokens, size_t n, llama_pos pos0) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// bindings: the low-level Context (Generator builds its own from the same options)
+// bindings: the low-level Context (sessions build theirs from the same options)
+
+namespace {
+// A direct call's hold on a context (try_lease): BusyError while a session's engine holds it.
+struct DirectUse {
+    Context & c;
+    explicit DirectUse(Context & ctx) : c(ctx) {
+        if (!c.try_lease()) {
+            throw Error(ErrorKind::Busy, "this context is in use: its session is generating, or another thread "
+                                         "is calling it");
+        }
+    }
+    ~DirectUse() { c.end_lease(); }
+    DirectUse(const DirectUse &) = delete;
+    DirectUse & operator=(const DirectUse &) = delete;
+};
+}  // namespace
 
 void register_context(nb::module_ & m) {
     nb::class_<Context>(m, "Context", "A llama.cpp context on a Model (native core; use llamaspec.Context).")
@@ -221,6 +250,7 @@ void register_context(nb::module_ & m) {
         .def_prop_ro("n_threads_batch", [](const Context & c) { return llama_n_threads_batch(c.get()); })
         .def("clear",
              [](Context & c) {
+                 DirectUse use(c);
                  nb::gil_scoped_release nogil;
                  c.clear_memory();
              },
@@ -228,6 +258,7 @@ void register_context(nb::module_ & m) {
         .def("decode",
              [](Context & c, const std::vector<llama_token> & tokens, int pos0) {
                  for (llama_token t : tokens) c.model()->check_token(t);
+                 DirectUse use(c);
                  int rc;
                  {
                      nb::gil_scoped_release nogil;
@@ -244,6 +275,7 @@ void register_context(nb::module_ & m) {
              nb::arg("tokens"), nb::arg("pos0"), "Decode tokens (releases the GIL); logits for the last one.")
         .def("logits",
              [](Context & c) {
+                 DirectUse use(c);
                  const float * l = llama_get_logits_ith(c.get(), -1);
                  if (l == nullptr) throw Error(ErrorKind::Generic, "no logits: decode something first");
                  const size_t n = (size_t) c.model()->n_vocab();

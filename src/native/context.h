@@ -28,7 +28,7 @@ inline void batch_add(llama_batch & batch, llama_token id, llama_pos pos, bool l
 llama_context_params context_params_from_dict(const nanobind::dict & options);
 
 // Ownership: holds the Model (shared_ptr) so the weights outlive the context; frees the llama_context
-// in its destructor. Not thread-safe: one thread decodes at a time (Generator enforces this).
+// in its destructor. Not thread-safe: one user at a time (try_lease).
 class Context {
 public:
     // Creates the llama_context; throws Error. Call without the GIL. With `other`, the new context is
@@ -52,6 +52,16 @@ public:
     void clear_abort() { abort_.store(false, std::memory_order_relaxed); }
     bool abort_requested() const { return abort_.load(std::memory_order_relaxed); }
 
+    // One user at a time: a session's engine holds its contexts for as long as its thread runs, and
+    // a direct call on the context (Python's Context.decode/clear/logits) for its duration. Whoever
+    // finds the context taken raises BusyError.
+    bool try_lease() { return !leased_.exchange(true); }
+    void end_lease() { leased_.store(false); }
+
+    // Parks the CPU thread pools' threads (they sleep instead of spinning for new work); the next
+    // decode wakes them. Only while no decode runs on this context or on one sharing its pools.
+    void pause_threadpools();
+
     // Empties the KV cache and recurrent state of every sequence.
     void clear_memory();
 
@@ -68,6 +78,7 @@ private:
     llama_context * ctx_ = nullptr;
     llama_context_params params_{};
     std::atomic<bool> abort_{false};
+    std::atomic<bool> leased_{false};
     // Persistent CPU thread pools (as upstream's tools attach): without them ggml creates and joins
     // a disposable pool, i.e. spawns n_threads - 1 threads, at every decode.
     ggml_threadpool * threadpool_ = nullptr;

@@ -4,6 +4,8 @@
 // and pause the second, which silences it (docs/adr/0005-logging.md).
 #include "logging.h"
 
+#include "gil.h"
+
 #include <atomic>
 #include <mutex>
 
@@ -32,7 +34,7 @@ void forward_to_python(int level, const std::string & line) {
     if (level < g_min_level.load(std::memory_order_relaxed)) {
         return;
     }
-    if (!Py_IsInitialized() || _Py_IsFinalizing()) {
+    if (!Py_IsInitialized() || python_finalizing()) {
         return;
     }
     nb::gil_scoped_acquire gil;

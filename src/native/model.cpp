@@ -11,6 +11,7 @@
 #include "common.h"  // common
 #include "json.h"    // common
 #include "errors.h"
+#include "gil.h"
 #include "logging.h"
 
 namespace nb = nanobind;
@@ -68,6 +69,7 @@ std::shared_ptr<Model> Model::load(const std::string & path, const ModelOptions 
 }
 
 Model::~Model() {
+    GilReleasedIfHeld nogil;  // freeing the weights takes long
     chat_templates_.reset();
     if (model_ != nullptr) {
         llama_model_free(model_);

@@ -9,8 +9,8 @@
 namespace llamaspec {
 void register_model(nanobind::module_ & m);
 void register_context(nanobind::module_ & m);
-void register_generator(nanobind::module_ & m);
-void register_speculative(nanobind::module_ & m);
+void register_session(nanobind::module_ & m);
+void register_faults(nanobind::module_ & m);
 }  // namespace llamaspec
 
 namespace nb = nanobind;
@@ -27,8 +27,8 @@ NB_MODULE(_native, m) {
     llamaspec::register_logging(m);
     llamaspec::register_model(m);
     llamaspec::register_context(m);
-    llamaspec::register_generator(m);
-    llamaspec::register_speculative(m);
+    llamaspec::register_session(m);
+    llamaspec::register_faults(m);
 
     m.def("system_info", [] { return std::string(llama_print_system_info()); },
           "llama.cpp's description of the compiled CPU features and backends.");

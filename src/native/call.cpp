@@ -1,5 +1,7 @@
-// The plain generation loop and its Python binding.
-#include "generator.h"
+// A generation call's parts: sampling options and sampler, event queue, stop strings, emitter, state.
+#include "call.h"
+
+#include <unistd.h>
 
 #include <regex>
 
@@ -15,10 +17,6 @@ namespace nb = nanobind;
 namespace llamaspec {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-namespace {
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // sampling
@@ -104,14 +102,26 @@ void EventQueue::push(Event ev) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         events_.push_back(std::move(ev));
+        if (wake_fd_ >= 0) {
+            // a full pipe already holds a wake-up: nothing is lost when this write finds no room
+            const char byte = 1;
+            [[maybe_unused]] ssize_t n = ::write(wake_fd_, &byte, 1);
+        }
     }
     cv_.notify_one();
+}
+
+void EventQueue::set_wake_fd(int fd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    wake_fd_ = fd;
 }
 
 std::optional<Event> EventQueue::pop(std::chrono::microseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout.count() < 0) {
         cv_.wait(lock, [this] { return !events_.empty(); });
+    } else if (timeout.count() == 0) {
+        if (events_.empty()) return std::nullopt;
     } else if (!cv_.wait_for(lock, timeout, [this] { return !events_.empty(); })) {
         return std::nullopt;
     }
@@ -183,7 +193,7 @@ void TokenEmitter::end_of_generation() {
 void TokenEmitter::abandon() { push_deferred(); }
 
 // ---------------------------------------------------------------------------------------------------
-// Generator and Run
+// requests and call state
 
 void validate_request(const GenRequest & req, const Context & ctx) {
     const Model & model = *ctx.model();
@@ -209,141 +219,41 @@ GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std
     return req;
 }
 
-std::shared_ptr<Run> Generator::start(GenRequest req) {
-    return start_run<PlainRun>(*ctx_, busy_, std::move(req), "Generator", ctx_);
+void CallState::mark_start() {
+    t_start = Clock::now();
+    stats.prompt_tokens = (int32_t) req.prompt.size();
+    stats.seed = common_sampler_get_seed(smpl.get());
 }
 
-Run::Run(std::shared_ptr<Context> ctx, std::shared_ptr<std::atomic<bool>> busy, GenRequest req, common_sampler_ptr smpl)
-    : ctx_(std::move(ctx)), busy_(std::move(busy)), req_(std::move(req)), smpl_(std::move(smpl)) {}
-
-// A subclass's parts are destroyed before this runs, so every subclass's destructor calls close()
-// itself; this one is only the last guard.
-Run::~Run() { close(); }
-
-void Run::mark_start() {
-    t_start_ = Clock::now();
-    stats_.prompt_tokens = (int32_t) req_.prompt.size();
-    stats_.seed = common_sampler_get_seed(smpl_.get());
-}
-
-void Run::launch() {
-    mark_start();
-    ctx_->clear_abort();
-    worker_ = std::thread([this] { guarded_work(); });
-}
-
-void Run::join_worker() {
-    if (worker_.joinable()) worker_.join();
-    ctx_->clear_abort();
-}
-
-void Run::cancel() {
-    cancel_.store(true);
-    ctx_->request_abort();
-}
-
-void Run::close() {
-    std::lock_guard<std::mutex> lock(close_mutex_);
-    if (closed_) return;
-    cancel();
-    join_worker();
-    closed_ = true;
-    busy_->store(false);
-}
-
-void Run::finish(GenStats & stats, const char * reason, std::vector<std::pair<std::string, double>> extra) {
+void CallState::finish(const char * reason, std::vector<std::pair<std::string, double>> extra) {
     stats.finish_reason = reason;
-    stats.total_s = seconds(Clock::now() - t_start_);
-    queue_.push(Event{Event::Done, -1, {}, stats, std::nullopt, std::move(extra)});
+    stats.total_s = seconds(Clock::now() - t_start);
+    queue.push(Event{Event::Done, -1, {}, stats, std::nullopt, std::move(extra)});
 }
 
-const char * Run::emit(TokenEmitter & emitter, llama_token id) {
-    if (llama_vocab_is_eog(ctx_->model()->vocab(), id)) {
+const char * CallState::emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id) {
+    if (llama_vocab_is_eog(vocab, id)) {
         emitter.end_of_generation();
-        queue_.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
+        queue.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
         return "stop";
     }
-    ++stats_.tokens;
-    const bool last = stats_.tokens == req_.max_tokens;
+    ++stats.tokens;
+    const bool last = stats.tokens == req.max_tokens;
     const bool stopped = emitter.token(id, last);
-    t_last_ = Clock::now();
-    if (stats_.tokens == 1) {
-        t_first_ = t_last_;
-        stats_.ttft_s = seconds(t_first_ - t_start_);
+    t_last = Clock::now();
+    if (stats.tokens == 1) {
+        t_first = t_last;
+        stats.ttft_s = seconds(t_first - t_start);
     }
     if (stopped) return "stop";
     if (last) return "length";
     return nullptr;
 }
 
-bool Run::decode_ok(int rc, const char * what) {
+bool decode_ok(int rc, const char * what) {
     if (rc == 0) return true;
     if (rc == 2) return false;
     throw Error::with_code(ErrorKind::Decode, std::string(what) + " failed: llama_decode returned " + std::to_string(rc), rc);
-}
-
-void Run::guarded_work() {
-    try {
-        work();
-    } catch (const Error & e) {
-        queue_.push(Event{Event::Failure, -1, {}, stats_, e});
-    } catch (const std::exception & e) {
-        queue_.push(Event{Event::Failure, -1, {}, stats_, Error(ErrorKind::Generic, e.what())});
-    }
-}
-
-namespace {
-// Frees a llama_batch on every path out of a scope.
-struct BatchGuard {
-    llama_batch batch;
-    explicit BatchGuard(int32_t n) : batch(llama_batch_init(n, 0, 1)) {}
-    ~BatchGuard() { llama_batch_free(batch); }
-};
-}  // namespace
-
-void PlainRun::work() {
-    Context & c = *ctx_;
-    llama_context * lctx = c.get();
-    const llama_vocab * vocab = c.model()->vocab();
-    GenStats & stats = stats_;
-    TokenEmitter emitter(vocab, queue_, req_.stop);
-    BatchGuard guard(1);
-    llama_batch & batch = guard.batch;
-
-    c.clear_memory();
-    const Clock::time_point t_prefill = Clock::now();
-    const bool ran = decode_ok(c.decode(req_.prompt.data(), req_.prompt.size(), 0), "prompt decode");
-    stats.prefill_s = seconds(Clock::now() - t_prefill);
-    if (!ran || cancelled()) {
-        finish(stats, "cancelled");
-        return;
-    }
-    for (llama_token t : req_.prompt) common_sampler_accept(smpl_.get(), t, false);
-
-    llama_pos pos = (llama_pos) req_.prompt.size();
-    const char * reason = "length";
-    while (true) {
-        const llama_token id = common_sampler_sample(smpl_.get(), lctx, -1);
-        common_sampler_accept(smpl_.get(), id, true);
-        if (const char * r = emit(emitter, id)) {
-            reason = r;
-            break;
-        }
-        if (cancelled()) {
-            emitter.abandon();
-            reason = "cancelled";
-            break;
-        }
-        batch.n_tokens = 0;
-        batch_add(batch, id, pos++, true);
-        if (!decode_ok(llama_decode(lctx, batch), "decode")) {
-            emitter.abandon();
-            reason = "cancelled";
-            break;
-        }
-    }
-    close_window();
-    finish(stats, reason);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -363,72 +273,21 @@ static nb::typed<nb::dict, nb::str, nb::any> stats_to_dict(const GenStats & s) {
     return d;
 }
 
-void register_generator(nb::module_ & m) {
-    nb::class_<Run>(m, "Run", "One generation in progress (native core; consumed by llamaspec.Generator).")
-        .def("next",
-             [](Run & r, double timeout) -> nb::object {
-                 // Wait in slices so that Ctrl-C (a pending signal) is noticed while we block.
-                 const auto slice = std::chrono::milliseconds(50);
-                 const bool forever = timeout < 0;
-                 const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                          std::chrono::duration<double>(forever ? 0.0 : timeout));
-                 while (true) {
-                     std::optional<Event> ev;
-                     {
-                         nb::gil_scoped_release nogil;
-                         auto wait = std::chrono::duration_cast<std::chrono::microseconds>(slice);
-                         if (!forever) {
-                             auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
-                             if (left < wait) wait = std::max(left, std::chrono::microseconds(0));
-                         }
-                         ev = r.next(wait);
-                     }
-                     if (ev) {
-                         switch (ev->kind) {
-                             case Event::Token:
-                                 return nb::make_tuple(0, ev->id, nb::str(ev->text.data(), ev->text.size()));
-                             case Event::EndOfGeneration:
-                                 return nb::make_tuple(1, ev->id);
-                             case Event::Done: {
-                                 auto d = stats_to_dict(ev->stats);
-                                 for (const auto & kv : ev->extra) d[nb::str(kv.first.c_str())] = kv.second;
-                                 return nb::make_tuple(2, d);
-                             }
-                             case Event::Failure:
-                                 throw *ev->error;
-                         }
-                     }
-                     if (PyErr_CheckSignals() != 0) throw nb::python_error();
-                     if (!forever && Clock::now() >= deadline) return nb::none();
-                 }
-             },
-             nb::arg("timeout"), nb::sig("def next(self, timeout: float) -> tuple[typing.Any, ...] | None"),
-             "Next event as (0, id, text) | (1, id) | (2, stats) or None after timeout seconds (< 0: no limit). "
-             "Releases the GIL while waiting; a worker error is raised here.")
-        .def("cancel", &Run::cancel, "Ask the worker to stop within one step (also inside a long prompt).")
-        .def("close",
-             [](Run & r) {
-                 nb::gil_scoped_release nogil;
-                 r.close();
-             },
-             "Cancel, wait for the worker and free the Generator for the next call (releases the GIL).")
-        .def_prop_ro("closed", &Run::closed)
-        .def_prop_ro("seq", &Run::seq, "The sequence this call decodes on (0 but in multi-sequence sessions).");
-
-    nb::class_<Generator>(m, "Generator", "Plain generation engine (native core; use llamaspec.Generator).")
-        .def(nb::init<std::shared_ptr<Context>>(), nb::arg("context"))
-        .def_prop_ro("context", &Generator::context)
-        .def_prop_ro("busy", &Generator::busy)
-        .def("start",
-             [](Generator & g, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
-                nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root) {
-                 GenRequest req = make_request(std::move(prompt), max_tokens, std::move(stop), sampling,
-                                               std::move(grammar_root));
-                 nb::gil_scoped_release nogil;
-                 return g.start(std::move(req));
-             },
-             nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
-             "Start a generation on a worker thread; returns its Run (releases the GIL).");
+nb::object event_to_python(Event & ev) {
+    switch (ev.kind) {
+        case Event::Token:
+            return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()));
+        case Event::EndOfGeneration:
+            return nb::make_tuple(1, ev.id);
+        case Event::Done: {
+            auto d = stats_to_dict(ev.stats);
+            for (const auto & kv : ev.extra) d[nb::str(kv.first.c_str())] = kv.second;
+            return nb::make_tuple(2, d);
+        }
+        case Event::Failure:
+            break;
+    }
+    throw *ev.error;
 }
 
 }  // namespace llamaspec

@@ -1,5 +1,6 @@
-// Speculative generation through upstream common_speculative (every drafter, chained), and its Python binding.
-#include "spec_session.h"
+// Sessions (plain, or speculative through upstream common_speculative: every drafter, chained): the
+// checks, the contexts, the drafter, and the Python bindings of sessions and their calls.
+#include "session.h"
 
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -18,84 +19,6 @@
 namespace nb = nanobind;
 
 namespace llamaspec {
-
-// ---------------------------------------------------------------------------------------------------
-// counters
-
-namespace {
-void add_vec(std::vector<uint64_t> & a, const std::vector<uint64_t> & b) {
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) a[i] += b[i];
-}
-}  // namespace
-
-void StageCounters::add(const StageCounters & o) {
-    drafts += o.drafts;
-    drafts_generated += o.drafts_generated;
-    drafts_accepted += o.drafts_accepted;
-    draft_us += o.draft_us;
-    add_vec(drafted_per_position, o.drafted_per_position);
-    add_vec(accepted_per_position, o.accepted_per_position);
-}
-
-void SpecCounters::add_counts(const SpecCounters & o) {
-    iterations += o.iterations;
-    drafts_generated += o.drafts_generated;
-    drafts_accepted += o.drafts_accepted;
-    tokens_emitted += o.tokens_emitted;
-    shadow_drafts += o.shadow_drafts;
-    shadow_accepted += o.shadow_accepted;
-    rate_tokens += o.rate_tokens;
-    add_vec(drafted_per_position, o.drafted_per_position);
-    add_vec(accepted_per_position, o.accepted_per_position);
-    add_vec(draft_length_histogram, o.draft_length_histogram);
-    for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) {
-        const double t = stages[i].draft_us;
-        stages[i].add(o.stages[i]);
-        stages[i].draft_us = t;
-    }
-}
-
-void SpecCounters::add_timing(const SpecCounters & o) {
-    passes += o.passes;
-    window_s += o.window_s;
-    draft_us += o.draft_us;
-    verify_us += o.verify_us;
-    sample_us += o.sample_us;
-    prefill_us += o.prefill_us;
-    total_us += o.total_us;
-    for (size_t i = 0; i < stages.size() && i < o.stages.size(); ++i) stages[i].draft_us += o.stages[i].draft_us;
-}
-
-void SpecCounters::clear() {
-    SpecCounters fresh(drafted_per_position.size(), stages.size());
-    *this = std::move(fresh);
-}
-
-bool SpecStatsBox::fold(int32_t seq, SpecCounters & seq_delta, SpecCounters & engine_delta, bool wait) {
-    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
-    if (wait) {
-        lock.lock();
-    } else if (!lock.try_lock()) {
-        return false;
-    }
-    totals_.add_counts(seq_delta);
-    totals_.add_timing(engine_delta);
-    if (seq >= 0 && (size_t) seq < per_seq_.size()) per_seq_[(size_t) seq].add(seq_delta);
-    seq_delta.clear();
-    engine_delta.clear();
-    return true;
-}
-
-SpecCounters SpecStatsBox::snapshot(int32_t seq) const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return seq >= 0 && (size_t) seq < per_seq_.size() ? per_seq_[(size_t) seq] : totals_;
-}
-
-void SpecStatsBox::reset() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    totals_.clear();
-    for (auto & c : per_seq_) c.clear();
-}
 
 // ---------------------------------------------------------------------------------------------------
 // checks made before upstream sees the configuration (upstream answers several of these with an abort)
@@ -190,7 +113,7 @@ void check_drafter_arch(common_speculative_type t, const Model & dft) {
 // A drafter head (EAGLE-3, DFlash, DSpark) reads the target's hidden states at given layers; a
 // mismatch between the two files makes llama.cpp abort (GGML_ASSERT/GGML_ABORT) during init or at
 // the first decode, so the contract is checked here from the drafter's GGUF metadata.
-void check_drafter_head(common_speculative_type t, const Model & tgt, const Model & dft) {
+void check_drafter_head(common_speculative_type t, const Model & tgt, const Model & dft, float p_min) {
     if (t != COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 && t != COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH &&
         t != COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK) {
         return;
@@ -261,6 +184,14 @@ void check_drafter_head(common_speculative_type t, const Model & tgt, const Mode
         if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK && !u32_key("dflash.block_size", block)) {
             fail("a DSpark drafter needs dflash.block_size");
         }
+        // p_min reads DSpark's confidence head (upstream: a missing key means it has one)
+        const int64_t conf = gguf_find_key(g.get(), "dflash.has_confidence_head");
+        if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK && p_min > 0.0f && conf >= 0 &&
+            !(gguf_get_kv_type(g.get(), conf) == GGUF_TYPE_BOOL && gguf_get_val_bool(g.get(), conf))) {
+            throw Error(ErrorKind::InvalidOption,
+                        "p_min needs a DSpark drafter with a confidence head, and '" + dft.path() +
+                            "' has none (dflash.has_confidence_head is false): use p_min=0", 0, false, dft.path());
+        }
     }
 }
 
@@ -293,14 +224,18 @@ void check_ngram_cache_file(const std::string & path, const Model & tgt, const c
 // ---------------------------------------------------------------------------------------------------
 // session
 
-std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, llama_context_params params,
-                                                 SpecConfig config, std::shared_ptr<Model> draft_model) {
+std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_context_params params, SpecConfig config,
+                                         std::shared_ptr<Model> draft_model) {
+    const int32_t n_seq = config.n_seq;
+    if (n_seq < 1 || n_seq > 64) {
+        throw Error(ErrorKind::InvalidOption, "n_seq must be within [1, 64], got " + std::to_string(n_seq));
+    }
+    if (config.methods.empty()) return create_plain(std::move(model), params, std::move(config), draft_model);
     const int32_t n_draft = config.n_draft;
     if (n_draft < 1) throw Error(ErrorKind::InvalidOption, "n_draft must be >= 1");
     if (config.n_draft_min < 0 || config.n_draft_min > n_draft) {
         throw Error(ErrorKind::InvalidOption, "n_draft_min must be within [0, n_draft]");
     }
-    if (config.methods.empty()) throw Error(ErrorKind::InvalidOption, "no speculative method given");
 
     // methods -> upstream types; at most one stage drafts with a model (they would share ctx_dft)
     std::vector<common_speculative_type> types;
@@ -342,7 +277,7 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
                                                       "' was loaded with vocab_only=True and cannot draft");
         }
         check_drafter_arch(model_type, *draft_model);
-        check_drafter_head(model_type, *model, *draft_model);
+        check_drafter_head(model_type, *model, *draft_model, config.p_min);
         if (model_type == COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) check_vocab_compatible(*model, *draft_model);
     }
     if (model_type == COMMON_SPECULATIVE_TYPE_DRAFT_MTP && (llama_model_n_layer_nextn(model->get()) <= 0 || !model->mtp_loaded())) {
@@ -353,10 +288,6 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
     if (!config.ngram_cache_static.empty()) check_ngram_cache_file(config.ngram_cache_static, *model, "static");
     if (!config.ngram_cache_dynamic.empty()) check_ngram_cache_file(config.ngram_cache_dynamic, *model, "dynamic");
 
-    const int32_t n_seq = config.n_seq;
-    if (n_seq < 1 || n_seq > 64) {
-        throw Error(ErrorKind::InvalidOption, "n_seq must be within [1, 64], got " + std::to_string(n_seq));
-    }
     if (n_seq > 1 && config.adaptive) {
         throw Error(ErrorKind::InvalidOption,
                     "n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence (see ADR 0012)");
@@ -366,7 +297,7 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
                                                   "sequence: n_seq * (1 + n_draft) = " + std::to_string(n_seq * (1 + n_draft)));
     }
 
-    auto core = std::make_shared<SpecCore>();
+    auto core = std::make_shared<Core>();
     core->config = config;
 
     // target: keep n_draft recurrent-state snapshots per sequence (rollback of rejected drafts on
@@ -450,12 +381,9 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
             // must run before the first target decode: it switches on the target's hidden-row output
             spec = common_speculative_init(sp, (uint32_t) n_seq);
         } catch (const std::exception & e) {
-            // upstream's own checks (most are made above, with better messages)
-            const std::string what = e.what();
-            const ErrorKind kind = what.find("vocab") != std::string::npos  ? ErrorKind::IncompatibleVocab
-                                   : what.find("p-min") != std::string::npos ? ErrorKind::InvalidOption
-                                                                             : ErrorKind::UnsupportedModel;
-            throw Error(kind, "speculative decoding could not be set up: " + what, 0, false,
+            // upstream's own checks: every one we know of is made above, with a precise class and
+            // message; anything else says what upstream said
+            throw Error(ErrorKind::UnsupportedModel, std::string("speculative decoding could not be set up: ") + e.what(), 0, false,
                         draft_model ? draft_model->path() : model->path());
         }
         if (spec == nullptr) {
@@ -463,21 +391,41 @@ std::shared_ptr<SpecSession> SpecSession::create(std::shared_ptr<Model> model, l
         }
         core->spec.reset(spec);
     }
-    for (const auto & st : common_speculative_get_impl_stats(core->spec.get())) core->stage_types.push_back(st.type);
+    for (const auto & st : common_speculative_get_impl_stats(core->spec.get())) {
+        core->stage_types.push_back(st.type);
+        core->stage_names.push_back(common_speculative_type_to_str(st.type));
+    }
     core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size(), (size_t) n_seq);
     if (config.adaptive) core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min);
+    return from_core(std::move(core));
+}
 
-    auto s = std::shared_ptr<SpecSession>(new SpecSession());
-    s->engine_ = std::make_shared<SpecEngine>(core);
+std::shared_ptr<Session> Session::create_plain(std::shared_ptr<Model> model, llama_context_params params,
+                                               SpecConfig config, const std::shared_ptr<Model> & draft_model) {
+    if (draft_model) throw Error(ErrorKind::InvalidOption, "a draft model needs a speculative method");
+    if (config.adaptive) throw Error(ErrorKind::InvalidOption, "n_draft='auto' needs a speculative method");
+    const int32_t n_seq = config.n_seq;
+    config.n_draft = 0;
+    config.n_draft_min = 0;
+    auto core = std::make_shared<Core>();
+    core->config = config;
+    // n_seq sequences of n_ctx tokens each, in separate cache streams; one output row per sequence
+    llama_context_params tp = params;
+    tp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
+    tp.n_seq_max = (uint32_t) n_seq;
+    tp.n_ctx = params.n_ctx * (uint32_t) n_seq;
+    tp.kv_unified = false;
+    core->tgt = Context::create(std::move(model), tp);
+    core->stats = std::make_unique<SpecStatsBox>(0, 0, (size_t) n_seq);
+    return from_core(std::move(core));
+}
+
+std::shared_ptr<Session> Session::from_core(std::shared_ptr<Core> core) {
+    auto s = std::shared_ptr<Session>(new Session());
+    s->engine_ = std::make_shared<Engine>(core);
     s->core_ = std::move(core);
     return s;
 }
-
-std::shared_ptr<Run> SpecSession::start(GenRequest req) { return engine_->start(engine_, std::move(req)); }
-
-bool SpecSession::busy() const { return engine_->n_taken() >= core_->config.n_seq; }
-
-int32_t SpecSession::n_running() const { return engine_->n_taken(); }
 
 void ngram_cache_create(const std::vector<llama_token> & tokens, const std::string & path) {
     common_ngram_cache cache;
@@ -494,41 +442,10 @@ void ngram_cache_create(const std::vector<llama_token> & tokens, const std::stri
 // ---------------------------------------------------------------------------------------------------
 // bindings
 
-static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters & c, const SpecCore & core) {
-    nb::typed<nb::dict, nb::str, nb::any> d;
-    d["iterations"] = c.iterations;
-    d["passes"] = c.passes;
-    d["drafts_generated"] = c.drafts_generated;
-    d["drafts_accepted"] = c.drafts_accepted;
-    d["tokens_emitted"] = c.tokens_emitted;
-    d["shadow_drafts"] = c.shadow_drafts;
-    d["shadow_accepted"] = c.shadow_accepted;
-    d["rate_tokens"] = c.rate_tokens;
-    d["window_s"] = c.window_s;
-    d["draft_us"] = c.draft_us;
-    d["verify_us"] = c.verify_us;
-    d["sample_us"] = c.sample_us;
-    d["prefill_us"] = c.prefill_us;
-    d["total_us"] = c.total_us;
+static nb::typed<nb::dict, nb::str, nb::any> counters_to_dict(const SpecCounters & c, const Core & core) {
+    nb::typed<nb::dict, nb::str, nb::any> d = nb::borrow<nb::typed<nb::dict, nb::str, nb::any>>(c.to_dict(core.stage_names));
     d["n_draft"] = core.config.n_draft;
-    d["drafted_per_position"] = nb::cast(c.drafted_per_position);
-    d["accepted_per_position"] = nb::cast(c.accepted_per_position);
-    d["draft_length_histogram"] = nb::cast(c.draft_length_histogram);
     d["adaptive"] = core.policy != nullptr;
-    nb::list stages;
-    for (size_t i = 0; i < c.stages.size() && i < core.stage_types.size(); ++i) {
-        const StageCounters & sc = c.stages[i];
-        nb::dict sd;
-        sd["method"] = common_speculative_type_to_str(core.stage_types[i]);
-        sd["drafts"] = sc.drafts;
-        sd["drafts_generated"] = sc.drafts_generated;
-        sd["drafts_accepted"] = sc.drafts_accepted;
-        sd["draft_us"] = sc.draft_us;
-        sd["drafted_per_position"] = nb::cast(sc.drafted_per_position);
-        sd["accepted_per_position"] = nb::cast(sc.accepted_per_position);
-        stages.append(sd);
-    }
-    d["stages"] = stages;
     return d;
 }
 
@@ -548,8 +465,51 @@ static SpecConfig config_from_dict(const nb::dict & d) {
     return c;
 }
 
-void register_speculative(nb::module_ & m) {
-    nb::class_<SpecSession>(m, "SpecSession", "Speculative decoding engine (native core; use llamaspec.Speculative).")
+void register_session(nb::module_ & m) {
+    nb::class_<Run>(m, "Run", "One generation call in progress (native core; consumed by the session objects).")
+        .def("next",
+             [](Run & r, double timeout) -> nb::object {
+                 // Wait in slices so that Ctrl-C (a pending signal) is noticed while we block.
+                 const auto slice = std::chrono::milliseconds(50);
+                 const bool forever = timeout < 0;
+                 const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(forever ? 0.0 : timeout));
+                 while (true) {
+                     std::optional<Event> ev;
+                     if (!forever && timeout == 0) {
+                         ev = r.next(std::chrono::microseconds(0));  // a look, no wait: the GIL stays
+                     } else {
+                         nb::gil_scoped_release nogil;
+                         auto wait = std::chrono::duration_cast<std::chrono::microseconds>(slice);
+                         if (!forever) {
+                             auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
+                             if (left < wait) wait = std::max(left, std::chrono::microseconds(1));
+                         }
+                         ev = r.next(wait);
+                     }
+                     if (ev) return event_to_python(*ev);
+                     if (PyErr_CheckSignals() != 0) throw nb::python_error();
+                     if (!forever && Clock::now() >= deadline) return nb::none();
+                 }
+             },
+             nb::arg("timeout"), nb::sig("def next(self, timeout: float) -> tuple[typing.Any, ...] | None"),
+             "Next event as (0, id, text) | (1, id) | (2, stats) or None after timeout seconds (< 0: no limit, "
+             "0: only look). Releases the GIL while waiting; a failure of the call is raised here.")
+        .def("cancel", &Run::cancel,
+             "Stop this call within one engine step (also inside its prompt); no-op once it is over.")
+        .def("close",
+             [](Run & r) {
+                 nb::gil_scoped_release nogil;
+                 r.close();
+             },
+             "Cancel, wait until the engine has let go of the call, free its sequence (releases the GIL).")
+        .def("set_wake_fd", &Run::set_wake_fd, nb::arg("fd"),
+             "Write one byte to this file descriptor at every event (-1: stop); for event loops.")
+        .def_prop_ro("closed", &Run::closed)
+        .def_prop_ro("seq", &Run::seq, "The sequence this call decodes on.");
+
+    nb::class_<Session>(m, "Session", "A generation session, plain or speculative (native core; use llamaspec.Generator "
+                                      "or llamaspec.Speculative).")
         .def_static(
             "create",
             [](std::shared_ptr<Model> model, nb::typed<nb::dict, nb::str, nb::any> options,
@@ -557,32 +517,29 @@ void register_speculative(nb::module_ & m) {
                 llama_context_params p = context_params_from_dict(options);
                 SpecConfig c = config_from_dict(config);
                 nb::gil_scoped_release nogil;
-                return SpecSession::create(std::move(model), p, std::move(c), std::move(draft_model));
+                return Session::create(std::move(model), p, std::move(c), std::move(draft_model));
             },
             nb::arg("model"), nb::arg("options"), nb::arg("config"), nb::arg("draft_model").none(),
-            "Check the configuration, build the target and draft contexts and the speculative state (releases the GIL).")
-        .def_prop_ro("target", [](const SpecSession & s) { return s.core()->tgt; })
-        .def_prop_ro("draft", [](const SpecSession & s) { return s.core()->dft; })
-        .def_prop_ro("n_draft", [](const SpecSession & s) { return s.core()->config.n_draft; })
-        .def_prop_ro("methods",
-                     [](const SpecSession & s) {
-                         std::vector<std::string> names;
-                         for (auto t : s.core()->stage_types) names.push_back(common_speculative_type_to_str(t));
-                         return names;
-                     },
+            "Check the configuration, build the contexts and the speculative state (no methods: a plain session; releases the GIL).")
+        .def_prop_ro("target", [](const Session & s) { return s.core()->tgt; })
+        .def_prop_ro("draft", [](const Session & s) { return s.core()->dft; })
+        .def_prop_ro("running", [](const Session & s) { return s.engine_running(); },
+                     "The engine thread is running (a call holds the contexts).")
+        .def_prop_ro("n_draft", [](const Session & s) { return s.core()->config.n_draft; })
+        .def_prop_ro("methods", [](const Session & s) { return s.core()->stage_names; },
                      "The stages, in the order upstream tries them for each draft.")
-        .def_prop_ro("n_seq", [](const SpecSession & s) { return s.core()->config.n_seq; })
-        .def_prop_ro("busy", &SpecSession::busy, "Every sequence is taken.")
-        .def_prop_ro("n_running", &SpecSession::n_running, "Sequences taken by a generation.")
+        .def_prop_ro("n_seq", [](const Session & s) { return s.core()->config.n_seq; })
+        .def_prop_ro("busy", &Session::busy, "Every sequence is taken.")
+        .def_prop_ro("n_running", &Session::n_running, "Sequences taken by a generation.")
         .def(
             "stats",
-            [](const SpecSession & s, int32_t seq) { return counters_to_dict(s.core()->stats->snapshot(seq), *s.core()); },
+            [](const Session & s, int32_t seq) { return counters_to_dict(s.core()->stats->snapshot(seq), *s.core()); },
             nb::arg("seq") = -1,
             "A consistent snapshot of the cumulative counters, in total (seq < 0) or of one sequence (never "
             "waits for the generation).")
-        .def("reset_stats", [](SpecSession & s) { s.core()->stats->reset(); })
+        .def("reset_stats", [](Session & s) { s.core()->stats->reset(); })
         .def("start",
-             [](SpecSession & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
+             [](Session & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root) {
                  GenRequest req = make_request(std::move(prompt), max_tokens, std::move(stop), sampling,
                                                std::move(grammar_root));
@@ -590,7 +547,7 @@ void register_speculative(nb::module_ & m) {
                  return s.start(std::move(req));
              },
              nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
-             "Start a speculative generation on a free sequence; returns its Run (releases the GIL).");
+             "Start a generation on a free sequence; returns its Run (releases the GIL).");
 
     nb::class_<DraftLengthPolicy>(m, "DraftLengthPolicy",
                                   "The adaptive draft-length policy (n_draft='auto'), exposed for tests.")
