@@ -63,15 +63,13 @@ def main() -> None:
     for i in range(args.sessions):
         with session(args.fixed if args.control else "auto") as auto:
             assert auto.generate(prompt, args.tokens, temperature=0) == want  # its learning call, untimed
-            if isinstance(auto, llamaspec.Speculative):
-                auto.reset_stats()
+            auto.reset_stats()
             mine, theirs = [], []
             for _ in range(args.calls):
                 theirs.append(ours_rate(fixed, prompt, args.tokens))
                 mine.append(ours_rate(auto, prompt, args.tokens))
-            st = auto.stats() if isinstance(auto, llamaspec.Speculative) else None
-            rows.append((sum(mine) / sum(theirs), st.mean_draft_length if st else 0.0,
-                         list(st.draft_length_histogram) if st else []))
+            st = auto.stats()  # a Generator's (the control of fixed 0) has only plain steps
+            rows.append((sum(mine) / sum(theirs), st.mean_draft_length, list(st.draft_length_histogram)))
         print(f"  session {i}: fresh/fixed {rows[-1][0]:.3f}, mean length {rows[-1][1]:.2f}, lengths {rows[-1][2]}",
               flush=True)
     fixed.close()

@@ -1,14 +1,18 @@
 """The one engine, measured three ways, each side by side in one run (medians of --runs, alternating):
 
   batch     SmolLM2 plain greedy: 4 calls of 48 tokens at once on Generator(n_seq=4) vs the same 4
-            one after another on Generator(n_seq=1); the ratio of wall times (goal >= 1.5x at 2 threads)
+            one after another on Generator(n_seq=1); the ratio of wall times (goal >= 1.5x at 2 threads);
+            beside it, the same ratio from upstream's llama-batched-bench (same pinned tree, -npp 8
+            -ntg 48 -npl 1,4): how much a batch of 4 can gain in llama.cpp itself on this machine
   sessions  two sessions of one process (Generator and MTP on the speed fixture, n_draft 3), each
             alone vs the two alternating call by call; each one's rate alternating / alone
             (goal >= 0.95x: an idle session must not slow the working one)
-  overhead  what Python costs per token: the consumer thread's CPU time per token (time.thread_time)
-            while it iterates stream_events, and the rate the consumer sees vs the engine's own
-            rate for the same call (Done.stats: first to last token on the engine thread);
-            tiny fixture (about 0.2 ms a token) and SmolLM2 (goal <= 5 us per token)
+  overhead  what a Python consumer costs per token: the rate it sees while it iterates stream_events
+            (its own clock at each Token) vs the engine's rate with no consumer (a call whose events
+            wait in the queue until the engine is done; Done.stats: first to last token on the engine
+            thread), alternating; the difference of their times per token (goal <= 5 us); also the
+            consumer thread's CPU time per token (time.thread_time: conversion, iteration and the
+            wake-up of a blocked thread). Tiny fixture (about 0.2 ms a token) and SmolLM2
 
 Usage: python bench/engine.py [batch sessions overhead] [--runs 5] [--threads 1 2]
 Writes a markdown report to bench/results/ (with this command line) unless --no-save.
@@ -17,12 +21,13 @@ Writes a markdown report to bench/results/ (with this command line) unless --no-
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import llamaspec
@@ -30,7 +35,7 @@ from llamaspec_fixtures import SPEED, TINY, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plain_decode import PROMPT, eog_bias, smollm2  # noqa: E402
-from upstream import emit_report, timed  # noqa: E402
+from upstream import build_tools, emit_report, timed  # noqa: E402
 
 PROMPTS = ["The history of the city of Paris begins", "Write a short poem about the sea:",
            "List the planets of the solar system:", "Once upon a time, in a small village,"]
@@ -40,10 +45,24 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def upstream_batch_ratio(model: str, threads: int, n: int) -> float:
+    """llama-batched-bench: 4 x (total time at B=1) / (total time at B=4), prompts of 8 tokens."""
+    binary = build_tools("llama-batched-bench") / "llama-batched-bench"
+    out = subprocess.run([str(binary), "-m", model, "-c", "2048", "-b", "2048", "-ub", "512", "-npp", "8", "-ntg",
+                          str(n), "-npl", "1,4", "-t", str(threads)], capture_output=True, text=True, check=True,
+                         stdin=subprocess.DEVNULL).stdout
+    total = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[2]):
+            total[int(cells[2])] = float(cells[8])  # T s
+    return 4 * total[1] / total[4]
+
+
 def bench_batch(model: llamaspec.Model, threads: int, runs: int, n: int) -> list[str]:
     bias = eog_bias(model)
     kw = {"temperature": 0.0, "logit_bias": bias}
-    together, apart = [], []
+    together, apart, up = [], [], []
     with llamaspec.Generator(model, n_ctx=512, n_threads=threads, n_seq=4) as batch, \
          llamaspec.Generator(model, n_ctx=512, n_threads=threads) as one:
         want = [one.generate(p, n, **kw) for p in PROMPTS]  # warm-up, and the outputs to check
@@ -57,11 +76,13 @@ def bench_batch(model: llamaspec.Model, threads: int, runs: int, n: int) -> list
             out = batch.generate_batch(PROMPTS, n, **kw)
             together.append(time.perf_counter() - t0)
             assert out == want
-            print(f"  batch threads={threads}: one after another {apart[-1]:.3f} s, together {together[-1]:.3f} s",
-                  flush=True)
+            up.append(upstream_batch_ratio(model.path, threads, n))
+            print(f"  batch threads={threads}: one after another {apart[-1]:.3f} s, together {together[-1]:.3f} s"
+                  f" | llama-batched-bench {up[-1]:.2f}x", flush=True)
     ratios = sorted(a / b for a, b in zip(apart, together))
     return [f"| batch | {threads} | 4 x {n} tokens, SmolLM2 | one after another {med(apart):.3f} s | together "
-            f"{med(together):.3f} s | **{med(ratios):.2f}x** ({ratios[0]:.2f}-{ratios[-1]:.2f}) |"]
+            f"{med(together):.3f} s | **{med(ratios):.2f}x** ({ratios[0]:.2f}-{ratios[-1]:.2f}); upstream "
+            f"llama-batched-bench {med(up):.2f}x |"]
 
 
 def bench_sessions(threads: int, runs: int, n: int, directory: Path) -> list[str]:
@@ -95,33 +116,46 @@ def bench_sessions(threads: int, runs: int, n: int, directory: Path) -> list[str
     return rows
 
 
-def consume(session: llamaspec.Generator, prompt: str, n: int, kw: dict[str, object]) -> tuple[float, float, float]:
-    """(consumer CPU us per token, consumer-seen tok/s, engine tok/s) of one call."""
+def consumed(session: llamaspec.Generator, prompt: str, n: int, kw: dict[str, object]) -> tuple[float, float]:
+    """A call read by a Python consumer: (its CPU us per token, the tok/s it sees)."""
     c0 = time.thread_time()
     stamps = []
-    done = None
     for ev in session.stream_events(prompt, n, **kw):  # type: ignore[arg-type]
         if isinstance(ev, llamaspec.Token):
             stamps.append(time.perf_counter())
-        elif isinstance(ev, llamaspec.Done):
-            done = ev
     cpu = time.thread_time() - c0
-    assert done is not None and done.stats.tokens == n
-    seen = (n - 1) / (stamps[-1] - stamps[0])
-    return cpu / n * 1e6, seen, done.stats.tokens_per_second
+    assert len(stamps) == n
+    return cpu / n * 1e6, (n - 1) / (stamps[-1] - stamps[0])
+
+
+def unconsumed(session: llamaspec.Generator, prompt: str, n: int, kw: dict[str, object]) -> float:
+    """The engine's tok/s for a call nobody reads until it is over (its events wait in the queue)."""
+    before = session.stats().tokens_emitted
+    events = session.stream_events(prompt, n, **kw)  # type: ignore[arg-type]
+    next(events)  # starts the call
+    while session.stats().tokens_emitted < before + n:
+        time.sleep(0.002)
+    *_, done = events
+    assert isinstance(done, llamaspec.Done) and done.stats.tokens == n
+    return done.stats.tokens_per_second
 
 
 def bench_overhead(label: str, path: str, prompt: str, threads: int, runs: int, n: int) -> list[str]:
     with llamaspec.Model(path) as model, llamaspec.Generator(model, n_ctx=2048, n_threads=threads) as gen:
         kw = {"temperature": 0.0, "logit_bias": eog_bias(model)}
-        consume(gen, prompt, 16, kw)
-        res = [consume(gen, prompt, n, kw) for _ in range(runs)]
-    cpu, seen, engine = (med([r[i] for r in res]) for i in range(3))
-    per_token = (1 / seen - 1 / engine) * 1e6
-    print(f"  overhead {label} threads={threads}: consumer CPU {cpu:.2f} us/token, seen {seen:.1f} tok/s, "
-          f"engine {engine:.1f} tok/s", flush=True)
-    return [f"| overhead | {threads} | {n} tokens, {label} | consumer CPU **{cpu:.2f} us/token** | seen {seen:.1f} "
-            f"vs engine {engine:.1f} tok/s | {seen / engine:.4f}x ({per_token:+.2f} us/token) |"]
+        consumed(gen, prompt, 16, kw)
+        cpu, seen, alone = [], [], []
+        for _ in range(runs):
+            c, r = consumed(gen, prompt, n, kw)
+            cpu.append(c)
+            seen.append(r)
+            alone.append(unconsumed(gen, prompt, n, kw))
+    per_token = (1 / med(seen) - 1 / med(alone)) * 1e6
+    print(f"  overhead {label} threads={threads}: seen {med(seen):.1f} tok/s, engine alone {med(alone):.1f} tok/s, "
+          f"consumer CPU {med(cpu):.1f} us/token", flush=True)
+    return [f"| overhead | {threads} | {n} tokens, {label} | read by Python {med(seen):.1f} tok/s | engine alone "
+            f"{med(alone):.1f} tok/s | **{per_token:+.2f} us/token** ({med(seen) / med(alone):.4f}x); consumer "
+            f"CPU {med(cpu):.1f} us/token |"]
 
 
 def main() -> None:

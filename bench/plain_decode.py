@@ -158,7 +158,7 @@ def main() -> None:
         med = [statistics.median(x) for x in (ours, up, ours_eval, up_eval)]
         rows.append((threads, *med, ours, up, base))
 
-    with llamaspec.Model(model_path, vocab_only=True) as model:
+    with llamaspec.Model(model_path) as model:  # its description needs the weights (mmap: cheap)
         description = model.description
     lines = [
         f"model: {description} ({Path(model_path).name}), {args.tokens} tokens greedy, "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -108,3 +110,25 @@ def fx_mtp_levels(fixture_dir: Path) -> dict[str, FixtureInfo]:
         "74": write_qwen35_fixture(fixture_dir / "mtp-74.gguf", mtp_wrong_fraction=0.14),
         "0": write_qwen35_fixture(fixture_dir / "mtp-0.gguf", mtp_wrong_fraction=1.0),
     }
+
+
+class Ticker:
+    """A Python thread that counts while it can run: a native call that holds the GIL freezes it."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.ticks += 1
+            time.sleep(0.001)
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -16,7 +16,7 @@ import pytest
 import llamaspec
 from llamaspec import BusyError, Done, Token
 
-from .conftest import proc_threads
+from .conftest import Ticker, proc_threads
 
 
 
@@ -214,27 +214,13 @@ def test_close_while_streaming_in_another_thread(fx: llamaspec.Model) -> None:
 
 @pytest.mark.real_model
 def test_loading_and_generating_release_the_gil(smol_path: str) -> None:
-    ticks = 0
-    stop = threading.Event()
-
-    def ticker() -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            ticks += 1
-            time.sleep(0.001)
-
-    t = threading.Thread(target=ticker)
-    t.start()
-    try:
+    with Ticker() as ticker:
         t0 = time.perf_counter()
         with llamaspec.Model(smol_path, use_mmap=False) as m:  # read the whole file: a long native call
             load_s = time.perf_counter() - t0
-            ticks_after_load = ticks
+            ticks_after_load = ticker.ticks
             with llamaspec.Generator(m, n_threads=1) as g:
                 g.generate("word " * 400, 4, temperature=0)
-    finally:
-        stop.set()
-        t.join()
     # the ticker ran during the load (it would be frozen if the GIL were held)
     assert ticks_after_load > load_s * 1000 * 0.2, (ticks_after_load, load_s)
-    assert ticks > ticks_after_load
+    assert ticker.ticks > ticks_after_load

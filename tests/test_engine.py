@@ -17,7 +17,7 @@ import llamaspec
 from llamaspec import MTP, Generator, Token
 from llamaspec.errors import BusyError, ClosedError, DecodeError, InvalidOptionError, LlamaspecError
 
-from .conftest import token_ids
+from .conftest import Ticker, token_ids
 
 PROMPTS = [
     "The capital of France is",
@@ -179,28 +179,14 @@ def test_freeing_a_session_releases_the_gil(smol: llamaspec.Model, armed_fault: 
     every other Python thread stood still. A free made slow (500 ms) must let another thread run."""
     gen = Generator(smol, n_ctx=256)
     gen.generate("Hi", 2, temperature=0)
-    ticks = 0
-    stop = threading.Event()
-
-    def count() -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            ticks += 1
-            time.sleep(0.001)
-
-    t = threading.Thread(target=count)
-    t.start()
-    try:
+    with Ticker() as ticker:
         time.sleep(0.05)
         armed_fault("slow_free_ms", 500)
-        before = ticks
+        before = ticker.ticks
         gen.close()
         del gen
         gc.collect()  # the context's destructor runs here, on this thread
-        during = ticks - before
-    finally:
-        stop.set()
-        t.join()
+        during = ticker.ticks - before
     assert during >= 20  # with the GIL held through the free: 0 or 1
 
 
