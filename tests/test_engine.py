@@ -258,3 +258,22 @@ def test_every_native_counter_reaches_spec_stats(smol: llamaspec.Model) -> None:
         # plain: the first token comes from the prompt pass, each other one from a pass of its own
         assert st.tokens_emitted == 4 and st.iterations == 3 and st.passes == 3
         assert st.timing_us["total"] > 0 and st.tokens_per_second > 0
+
+
+@pytest.mark.real_model
+def test_each_option_is_listed_once_per_side(smol: llamaspec.Model) -> None:
+    """An option is one entry in the Python table (name, check, default) and one in the native
+    table (name, setter): the two lists must name the same options, and the native side refuses a
+    name it does not know instead of dropping it."""
+    from llamaspec._options import CONTEXT_OPTIONS, SAMPLING_OPTIONS
+
+    native = llamaspec._native
+    assert sorted(native.context_option_names()) == sorted(CONTEXT_OPTIONS)
+    # stop and grammar_root are the call's own arguments, not the sampler's
+    assert sorted(native.sampling_option_names()) == sorted(set(SAMPLING_OPTIONS) - {"stop", "grammar_root"})
+    with Generator(smol, n_ctx=64) as gen:
+        with pytest.raises(InvalidOptionError, match="unknown sampling option 'no_such'"):
+            gen._require().start([1, 2], 4, [], {"no_such": 1}, "root")
+        with pytest.raises(InvalidOptionError, match="unknown context option 'no_such'"):
+            native.Context.create(smol._require(), {"no_such": 1})
+        assert gen.generate("Hi", 2, temperature=0)  # nothing was left taken

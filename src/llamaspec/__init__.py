@@ -26,7 +26,8 @@ from .errors import (
 from .events import Done, EndOfGeneration, Event, GenerationStats, Stats, Token
 from .generator import Generator
 from .model import Model
-from .speculative import METHODS, MTP, Speculative, ngram_cache_create
+from .ngram import ngram_cache_create
+from .speculative import METHODS, MTP, Speculative
 from .stats import SpecStats, StageStats
 
 __version__ = "0.1.0"

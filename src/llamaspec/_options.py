@@ -7,8 +7,9 @@ wrong type or out of range raises InvalidOptionError (a ValueError).
 from __future__ import annotations
 
 import math
+import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .errors import InvalidOptionError
@@ -233,3 +234,63 @@ def sampling_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if out.get("seed") is None:
         out["seed"] = random.SystemRandom().randrange(0, 0xFFFFFFFF)
     return out
+
+
+# -- speculative sessions -------------------------------------------------------------------------
+
+#: Every method upstream's common_speculative implements, by its upstream name.
+METHODS: tuple[str, ...] = (
+    "draft-mtp", "draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark",
+    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+)
+#: Short forms accepted for the model-based methods.
+METHOD_ALIASES: dict[str, str] = {
+    "mtp": "draft-mtp", "draft": "draft-simple", "eagle3": "draft-eagle3", "dflash": "draft-dflash",
+    "dspark": "draft-dspark",
+}
+NEEDS_DRAFT_MODEL = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+NGRAM_OPTIONS = {"size_n": (1, 256), "min_hits": (1, 1 << 15), "n_match": (1, 1024)}
+
+
+def normalize_methods(method: Any) -> list[str]:
+    names = [method] if isinstance(method, str) else method
+    if not isinstance(names, Sequence) or isinstance(names, (bytes, bytearray)) or not names:
+        raise InvalidOptionError(f"method must be a method name or a non-empty list of names, got {method!r}")
+    out: list[str] = []
+    for n in names:
+        if not isinstance(n, str):
+            raise InvalidOptionError(f"method names must be str, got {n!r}")
+        full = METHOD_ALIASES.get(n, n)
+        if full not in METHODS:
+            known = ", ".join(METHODS + tuple(METHOD_ALIASES))
+            raise InvalidOptionError(f"unknown speculative method {n!r}; known: {known}")
+        if full in out:
+            raise InvalidOptionError(f"speculative method {n!r} is given twice")
+        out.append(full)
+    if sum(m in NEEDS_DRAFT_MODEL or m == "draft-mtp" for m in out) > 1:
+        raise InvalidOptionError(f"at most one model-based method can be chained (got {out}); "
+                                 "chain it with n-gram methods")
+    return out
+
+
+def int_option(name: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InvalidOptionError(f"{name} must be an int within [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def ngram_cache_paths(v: Any) -> tuple[str, str]:
+    if isinstance(v, (str, os.PathLike)):
+        return os.fspath(v), ""
+    if isinstance(v, Mapping):
+        unknown = set(v) - {"static", "dynamic"}
+        if unknown or not v:
+            raise InvalidOptionError(f"ngram_cache takes the keys 'static' and 'dynamic', got {sorted(map(str, v))}")
+        paths = []
+        for k in ("static", "dynamic"):
+            p = v.get(k)
+            if p is not None and not isinstance(p, (str, os.PathLike)):
+                raise InvalidOptionError(f"ngram_cache[{k!r}] must be a path, got {p!r}")
+            paths.append(os.fspath(p) if p is not None else "")
+        return paths[0], paths[1]
+    raise InvalidOptionError(f"ngram_cache must be a path or a mapping {{'static': path, 'dynamic': path}}, got {v!r}")

@@ -9,70 +9,21 @@ from typing import Any, Literal
 
 from . import _native
 from ._log import sync_log_level
-from ._options import session_context_options
+from ._options import (
+    METHOD_ALIASES,
+    METHODS,
+    NEEDS_DRAFT_MODEL,
+    NGRAM_OPTIONS,
+    int_option,
+    ngram_cache_paths,
+    normalize_methods,
+    session_context_options,
+)
 from ._session import _StreamingSession
 from .errors import DraftModelRequiredError, InvalidOptionError, UnsupportedModelError
 from .model import Model
 
-__all__ = ["Speculative", "MTP", "METHODS", "ngram_cache_create"]
-
-#: Every method upstream's common_speculative implements, by its upstream name.
-METHODS: tuple[str, ...] = (
-    "draft-mtp", "draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark",
-    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-)
-#: Short forms accepted for the model-based methods.
-METHOD_ALIASES: dict[str, str] = {
-    "mtp": "draft-mtp", "draft": "draft-simple", "eagle3": "draft-eagle3", "dflash": "draft-dflash",
-    "dspark": "draft-dspark",
-}
-_NEEDS_DRAFT_MODEL = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
-_NGRAM_OPTIONS = {"size_n": (1, 256), "min_hits": (1, 1 << 15), "n_match": (1, 1024)}
-
-
-def _normalize_methods(method: Any) -> list[str]:
-    names = [method] if isinstance(method, str) else method
-    if not isinstance(names, Sequence) or isinstance(names, (bytes, bytearray)) or not names:
-        raise InvalidOptionError(f"method must be a method name or a non-empty list of names, got {method!r}")
-    out: list[str] = []
-    for n in names:
-        if not isinstance(n, str):
-            raise InvalidOptionError(f"method names must be str, got {n!r}")
-        full = METHOD_ALIASES.get(n, n)
-        if full not in METHODS:
-            known = ", ".join(METHODS + tuple(METHOD_ALIASES))
-            raise InvalidOptionError(f"unknown speculative method {n!r}; known: {known}")
-        if full in out:
-            raise InvalidOptionError(f"speculative method {n!r} is given twice")
-        out.append(full)
-    if sum(m in _NEEDS_DRAFT_MODEL or m == "draft-mtp" for m in out) > 1:
-        raise InvalidOptionError(f"at most one model-based method can be chained (got {out}); "
-                                 "chain it with n-gram methods")
-    return out
-
-
-def _int_option(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise InvalidOptionError(f"{name} must be an int within [{lo}, {hi}], got {v!r}")
-    return v
-
-
-def _ngram_cache_paths(v: Any) -> tuple[str, str]:
-    if isinstance(v, (str, os.PathLike)):
-        return os.fspath(v), ""
-    if isinstance(v, Mapping):
-        unknown = set(v) - {"static", "dynamic"}
-        if unknown or not v:
-            raise InvalidOptionError(f"ngram_cache takes the keys 'static' and 'dynamic', got {sorted(map(str, v))}")
-        paths = []
-        for k in ("static", "dynamic"):
-            p = v.get(k)
-            if p is not None and not isinstance(p, (str, os.PathLike)):
-                raise InvalidOptionError(f"ngram_cache[{k!r}] must be a path, got {p!r}")
-            paths.append(os.fspath(p) if p is not None else "")
-        return paths[0], paths[1]
-    raise InvalidOptionError(f"ngram_cache must be a path or a mapping {{'static': path, 'dynamic': path}}, got {v!r}")
-
+__all__ = ["Speculative", "MTP", "METHODS", "METHOD_ALIASES"]
 
 class Speculative(_StreamingSession):
     """Speculative decoding with any drafter upstream llama.cpp implements, alone or chained.
@@ -165,16 +116,16 @@ class Speculative(_StreamingSession):
             TypeError: an unknown context option.
         """
         self._owned_draft: Model | None = None
-        methods = _normalize_methods(method)
+        methods = normalize_methods(method)
         adaptive = n_draft == "auto"
         if adaptive:
-            n_draft = _int_option("n_draft_max", 8 if n_draft_max is None else n_draft_max, 1, 1 << 12)
+            n_draft = int_option("n_draft_max", 8 if n_draft_max is None else n_draft_max, 1, 1 << 12)
         else:
-            n_draft = _int_option("n_draft", n_draft, 1, 1 << 12)
+            n_draft = int_option("n_draft", n_draft, 1, 1 << 12)
             if n_draft_max is not None and n_draft_max != n_draft:
                 raise InvalidOptionError("n_draft_max applies to n_draft='auto' (with an int n_draft it is n_draft)")
-        n_draft_min = _int_option("n_draft_min", n_draft_min, 0, n_draft)
-        n_seq = _int_option("n_seq", n_seq, 1, 64)
+        n_draft_min = int_option("n_draft_min", n_draft_min, 0, n_draft)
+        n_seq = int_option("n_seq", n_seq, 1, 64)
         if adaptive and n_seq > 1:
             raise InvalidOptionError("n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence")
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
@@ -187,21 +138,21 @@ class Speculative(_StreamingSession):
             if not any(m.startswith("ngram-") for m in methods):
                 raise InvalidOptionError("ngram_options is only used by the ngram-* methods")
             for k, v in ngram_options.items():
-                if k not in _NGRAM_OPTIONS:
-                    raise InvalidOptionError(f"unknown ngram option {k!r}; known: {', '.join(_NGRAM_OPTIONS)}")
-                lo, hi = _NGRAM_OPTIONS[k]
-                config["ngram_mod_n_match" if k == "n_match" else f"ngram_{k}"] = _int_option(k, v, lo, hi)
+                if k not in NGRAM_OPTIONS:
+                    raise InvalidOptionError(f"unknown ngram option {k!r}; known: {', '.join(NGRAM_OPTIONS)}")
+                lo, hi = NGRAM_OPTIONS[k]
+                config["ngram_mod_n_match" if k == "n_match" else f"ngram_{k}"] = int_option(k, v, lo, hi)
         if ngram_cache is not None:
             if "ngram-cache" not in methods:
                 raise InvalidOptionError("ngram_cache is only used by the ngram-cache method")
-            config["ngram_cache_static"], config["ngram_cache_dynamic"] = _ngram_cache_paths(ngram_cache)
+            config["ngram_cache_static"], config["ngram_cache_dynamic"] = ngram_cache_paths(ngram_cache)
 
-        needs_draft = any(m in _NEEDS_DRAFT_MODEL for m in methods)
+        needs_draft = any(m in NEEDS_DRAFT_MODEL for m in methods)
         if draft_options is not None and not isinstance(draft_options, Mapping):
             raise InvalidOptionError(f"draft_options must be a mapping, got {draft_options!r}")
         if draft_model is None:
             if needs_draft:
-                which = next(m for m in methods if m in _NEEDS_DRAFT_MODEL)
+                which = next(m for m in methods if m in NEEDS_DRAFT_MODEL)
                 raise DraftModelRequiredError(f"method {which!r} drafts with a separate model: pass draft_model")
             if draft_options is not None:
                 raise InvalidOptionError("draft_options is only used when draft_model is a path")
@@ -304,27 +255,3 @@ class MTP(Speculative):
         if "method" in options:
             raise TypeError("MTP() takes no 'method' (use Speculative for other methods)")
         super().__init__(model, method="mtp", n_draft=n_draft, n_ctx=n_ctx, **options)
-
-
-def ngram_cache_create(model: Model, text: str | Sequence[int], path: str | os.PathLike[str]) -> int:
-    """Write a static n-gram cache for ``Speculative(method="ngram-cache", ngram_cache=path)``, in
-    the format of upstream's llama-lookup-create (2-grams of the tokenized text).
-
-    Args:
-        model: the model whose tokenizer the cache is for.
-        text: a corpus typical of what will be generated (text, or token ids).
-        path: the file to write.
-
-    Returns:
-        The number of tokens the cache was built from.
-
-    Raises:
-        InvalidOptionError: a token id outside the vocabulary.
-        LlamaspecError: the file cannot be written.
-    """
-    tokens = model.tokenize(text, add_special=False) if isinstance(text, str) else [int(t) for t in text]
-    n_vocab = model.n_vocab
-    if any(not 0 <= t < n_vocab for t in tokens):
-        raise InvalidOptionError("a token id is outside the model's vocabulary")
-    _native.ngram_cache_create(tokens, os.fspath(path))
-    return len(tokens)

@@ -21,41 +21,54 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // ---------------------------------------------------------------------------------------------------
 // sampling
 
+namespace {
+using SP = common_params_sampling;
+// Every sampling option (src/llamaspec/_options.py SAMPLING_OPTIONS, less stop and grammar_root,
+// which the call itself takes).
+const OptionField<SP> kSamplingOptions[] = {
+    LLAMASPEC_OPTION_FIELD(SP, "temperature", temp, float),
+    LLAMASPEC_OPTION_FIELD(SP, "top_k", top_k, int32_t),
+    LLAMASPEC_OPTION_FIELD(SP, "top_p", top_p, float),
+    LLAMASPEC_OPTION_FIELD(SP, "min_p", min_p, float),
+    LLAMASPEC_OPTION_FIELD(SP, "typical_p", typ_p, float),
+    LLAMASPEC_OPTION_FIELD(SP, "min_keep", min_keep, int32_t),
+    LLAMASPEC_OPTION_FIELD(SP, "seed", seed, int64_t),
+    LLAMASPEC_OPTION_FIELD(SP, "repeat_penalty", penalty_repeat, float),
+    LLAMASPEC_OPTION_FIELD(SP, "frequency_penalty", penalty_freq, float),
+    LLAMASPEC_OPTION_FIELD(SP, "presence_penalty", penalty_present, float),
+    LLAMASPEC_OPTION_FIELD(SP, "penalty_last_n", penalty_last_n, int32_t),
+    LLAMASPEC_OPTION_FIELD(SP, "dry_multiplier", dry_multiplier, float),
+    LLAMASPEC_OPTION_FIELD(SP, "dry_base", dry_base, float),
+    LLAMASPEC_OPTION_FIELD(SP, "dry_allowed_length", dry_allowed_length, int32_t),
+    LLAMASPEC_OPTION_FIELD(SP, "dry_penalty_last_n", dry_penalty_last_n, int32_t),
+    LLAMASPEC_OPTION_FIELD(SP, "xtc_probability", xtc_probability, float),
+    LLAMASPEC_OPTION_FIELD(SP, "xtc_threshold", xtc_threshold, float),
+    LLAMASPEC_OPTION_FIELD(SP, "mirostat", mirostat, int32_t),
+    LLAMASPEC_OPTION_FIELD(SP, "mirostat_tau", mirostat_tau, float),
+    LLAMASPEC_OPTION_FIELD(SP, "mirostat_eta", mirostat_eta, float),
+    {"grammar",
+     [](SP & p, nb::handle v) {
+         const std::string g = nb::cast<std::string>(v);
+         if (!g.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, g);
+     }},
+    {"logit_bias",  // [(token, bias), ...]
+     [](SP & p, nb::handle v) {
+         for (nb::handle item : nb::iter(v)) {
+             nb::tuple t = nb::cast<nb::tuple>(item);
+             p.logit_bias.push_back({nb::cast<llama_token>(t[0]), nb::cast<float>(t[1])});
+         }
+     }},
+};
+}  // namespace
+
 common_params_sampling sampling_params_from_dict(const nb::dict & o) {
     common_params_sampling p;  // llama.cpp's common defaults (documented in the README)
-    double f;
-    int64_t i;
-    std::string s;
-    if (dict_get(o, "temperature", f)) p.temp = (float) f;
-    if (dict_get(o, "top_k", i)) p.top_k = (int32_t) i;
-    if (dict_get(o, "top_p", f)) p.top_p = (float) f;
-    if (dict_get(o, "min_p", f)) p.min_p = (float) f;
-    if (dict_get(o, "typical_p", f)) p.typ_p = (float) f;
-    if (dict_get(o, "min_keep", i)) p.min_keep = (int32_t) i;
-    if (dict_get(o, "seed", i)) p.seed = (uint32_t) i;
-    if (dict_get(o, "repeat_penalty", f)) p.penalty_repeat = (float) f;
-    if (dict_get(o, "frequency_penalty", f)) p.penalty_freq = (float) f;
-    if (dict_get(o, "presence_penalty", f)) p.penalty_present = (float) f;
-    if (dict_get(o, "penalty_last_n", i)) p.penalty_last_n = (int32_t) i;
-    if (dict_get(o, "dry_multiplier", f)) p.dry_multiplier = (float) f;
-    if (dict_get(o, "dry_base", f)) p.dry_base = (float) f;
-    if (dict_get(o, "dry_allowed_length", i)) p.dry_allowed_length = (int32_t) i;
-    if (dict_get(o, "dry_penalty_last_n", i)) p.dry_penalty_last_n = (int32_t) i;
-    if (dict_get(o, "xtc_probability", f)) p.xtc_probability = (float) f;
-    if (dict_get(o, "xtc_threshold", f)) p.xtc_threshold = (float) f;
-    if (dict_get(o, "mirostat", i)) p.mirostat = (int32_t) i;
-    if (dict_get(o, "mirostat_tau", f)) p.mirostat_tau = (float) f;
-    if (dict_get(o, "mirostat_eta", f)) p.mirostat_eta = (float) f;
-    if (dict_get(o, "grammar", s) && !s.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, s);
-    if (o.contains("logit_bias") && !o["logit_bias"].is_none()) {
-        for (nb::handle item : nb::iter(o["logit_bias"])) {
-            nb::tuple t = nb::cast<nb::tuple>(item);
-            p.logit_bias.push_back({nb::cast<llama_token>(t[0]), nb::cast<float>(t[1])});
-        }
-    }
+    apply_options(p, o, kSamplingOptions, "sampling option");
     p.no_perf = true;
     return p;
 }
+
+std::vector<std::string> sampling_option_names() { return option_names(kSamplingOptions); }
 
 common_sampler_ptr make_sampler(const Model & model, common_params_sampling params, const std::string & grammar_root) {
     for (const auto & lb : params.logit_bias) model.check_token(lb.token);

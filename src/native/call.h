@@ -28,6 +28,8 @@ double seconds(Clock::duration d);
 
 // Sampling options from the dict the Python face validated. Throws Error(InvalidOption).
 common_params_sampling sampling_params_from_dict(const nanobind::dict & options);
+// The names sampling_params_from_dict takes (for the test that keeps them equal to Python's).
+std::vector<std::string> sampling_option_names();
 
 // Builds the sampler; an invalid grammar raises Error(Grammar) naming the problem. Without the GIL.
 common_sampler_ptr make_sampler(const Model & model, common_params_sampling params, const std::string & grammar_root);

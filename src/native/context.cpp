@@ -48,62 +48,72 @@ ggml_type cache_type(const std::string & name, const char * option) {
 
 }  // namespace
 
+namespace {
+using CP = llama_context_params;
+std::string str(nb::handle v) { return nb::cast<std::string>(v); }
+// Every context option (src/llamaspec/_options.py CONTEXT_OPTIONS).
+const OptionField<CP> kContextOptions[] = {
+    LLAMASPEC_OPTION_FIELD(CP, "n_ctx", n_ctx, int64_t),
+    LLAMASPEC_OPTION_FIELD(CP, "n_batch", n_batch, int64_t),
+    LLAMASPEC_OPTION_FIELD(CP, "n_ubatch", n_ubatch, int64_t),
+    LLAMASPEC_OPTION_FIELD(CP, "n_seq_max", n_seq_max, int64_t),
+    {"n_threads",  // both, unless n_threads_batch says otherwise (applied after it, below)
+     [](CP & p, nb::handle v) { p.n_threads = nb::cast<int32_t>(v); }},
+    LLAMASPEC_OPTION_FIELD(CP, "n_threads_batch", n_threads_batch, int32_t),
+    {"type_k", [](CP & p, nb::handle v) { p.type_k = cache_type(str(v), "type_k"); }},
+    {"type_v", [](CP & p, nb::handle v) { p.type_v = cache_type(str(v), "type_v"); }},
+    {"flash_attn",
+     [](CP & p, nb::handle v) {
+         const std::string s = str(v);
+         p.flash_attn_type = s == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
+                             : s == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                          : LLAMA_FLASH_ATTN_TYPE_AUTO;
+     }},
+    LLAMASPEC_OPTION_FIELD(CP, "offload_kqv", offload_kqv, bool),
+    LLAMASPEC_OPTION_FIELD(CP, "op_offload", op_offload, bool),
+    LLAMASPEC_OPTION_FIELD(CP, "no_perf", no_perf, bool),
+    LLAMASPEC_OPTION_FIELD(CP, "swa_full", swa_full, bool),
+    LLAMASPEC_OPTION_FIELD(CP, "kv_unified", kv_unified, bool),
+    {"rope_scaling_type",
+     [](CP & p, nb::handle v) {
+         const std::string s = str(v);
+         p.rope_scaling_type = s == "none"       ? LLAMA_ROPE_SCALING_TYPE_NONE
+                               : s == "linear"   ? LLAMA_ROPE_SCALING_TYPE_LINEAR
+                               : s == "yarn"     ? LLAMA_ROPE_SCALING_TYPE_YARN
+                               : s == "longrope" ? LLAMA_ROPE_SCALING_TYPE_LONGROPE
+                                                 : LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED;
+     }},
+    {"attention_type",
+     [](CP & p, nb::handle v) {
+         const std::string s = str(v);
+         p.attention_type = s == "causal"       ? LLAMA_ATTENTION_TYPE_CAUSAL
+                            : s == "non_causal" ? LLAMA_ATTENTION_TYPE_NON_CAUSAL
+                                                : LLAMA_ATTENTION_TYPE_UNSPECIFIED;
+     }},
+    LLAMASPEC_OPTION_FIELD(CP, "rope_freq_base", rope_freq_base, float),
+    LLAMASPEC_OPTION_FIELD(CP, "rope_freq_scale", rope_freq_scale, float),
+    LLAMASPEC_OPTION_FIELD(CP, "yarn_ext_factor", yarn_ext_factor, float),
+    LLAMASPEC_OPTION_FIELD(CP, "yarn_attn_factor", yarn_attn_factor, float),
+    LLAMASPEC_OPTION_FIELD(CP, "yarn_beta_fast", yarn_beta_fast, float),
+    LLAMASPEC_OPTION_FIELD(CP, "yarn_beta_slow", yarn_beta_slow, float),
+    LLAMASPEC_OPTION_FIELD(CP, "yarn_orig_ctx", yarn_orig_ctx, int64_t),
+};
+}  // namespace
+
 llama_context_params context_params_from_dict(const nb::dict & o) {
     llama_context_params p = llama_context_default_params();
     p.n_ctx = 2048;
-    int32_t threads = common_cpu_get_num_math();
+    const int32_t threads = common_cpu_get_num_math();
     p.n_threads = threads;
-    p.n_threads_batch = threads;
     p.no_perf = true;
-
-    int64_t i64;
-    double f;
-    bool b;
-    std::string s;
-    if (dict_get(o, "n_ctx", i64)) p.n_ctx = (uint32_t) i64;
-    if (dict_get(o, "n_batch", i64)) p.n_batch = (uint32_t) i64;
-    if (dict_get(o, "n_ubatch", i64)) p.n_ubatch = (uint32_t) i64;
-    if (dict_get(o, "n_seq_max", i64)) p.n_seq_max = (uint32_t) i64;
-    if (dict_get(o, "n_threads", i64)) {
-        p.n_threads = (int32_t) i64;
-        p.n_threads_batch = (int32_t) i64;
-    }
-    if (dict_get(o, "n_threads_batch", i64)) p.n_threads_batch = (int32_t) i64;
-    if (dict_get(o, "type_k", s)) p.type_k = cache_type(s, "type_k");
-    if (dict_get(o, "type_v", s)) p.type_v = cache_type(s, "type_v");
-    if (dict_get(o, "flash_attn", s)) {
-        p.flash_attn_type = s == "on"  ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                            : s == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
-                                         : LLAMA_FLASH_ATTN_TYPE_AUTO;
-    }
-    if (dict_get(o, "offload_kqv", b)) p.offload_kqv = b;
-    if (dict_get(o, "op_offload", b)) p.op_offload = b;
-    if (dict_get(o, "no_perf", b)) p.no_perf = b;
-    if (dict_get(o, "swa_full", b)) p.swa_full = b;
-    if (dict_get(o, "embeddings", b)) p.embeddings = b;
-    if (dict_get(o, "kv_unified", b)) p.kv_unified = b;
-    if (dict_get(o, "rope_scaling_type", s)) {
-        p.rope_scaling_type = s == "none"       ? LLAMA_ROPE_SCALING_TYPE_NONE
-                              : s == "linear"   ? LLAMA_ROPE_SCALING_TYPE_LINEAR
-                              : s == "yarn"     ? LLAMA_ROPE_SCALING_TYPE_YARN
-                              : s == "longrope" ? LLAMA_ROPE_SCALING_TYPE_LONGROPE
-                                                : LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED;
-    }
-    if (dict_get(o, "attention_type", s)) {
-        p.attention_type = s == "causal"       ? LLAMA_ATTENTION_TYPE_CAUSAL
-                           : s == "non_causal" ? LLAMA_ATTENTION_TYPE_NON_CAUSAL
-                                               : LLAMA_ATTENTION_TYPE_UNSPECIFIED;
-    }
-    if (dict_get(o, "rope_freq_base", f)) p.rope_freq_base = (float) f;
-    if (dict_get(o, "rope_freq_scale", f)) p.rope_freq_scale = (float) f;
-    if (dict_get(o, "yarn_ext_factor", f)) p.yarn_ext_factor = (float) f;
-    if (dict_get(o, "yarn_attn_factor", f)) p.yarn_attn_factor = (float) f;
-    if (dict_get(o, "yarn_beta_fast", f)) p.yarn_beta_fast = (float) f;
-    if (dict_get(o, "yarn_beta_slow", f)) p.yarn_beta_slow = (float) f;
-    if (dict_get(o, "yarn_orig_ctx", i64)) p.yarn_orig_ctx = (uint32_t) i64;
+    p.n_threads_batch = -1;  // unset: follows n_threads
+    apply_options(p, o, kContextOptions, "context option");
+    if (p.n_threads_batch < 0) p.n_threads_batch = p.n_threads;
     if (p.n_ubatch > p.n_batch) p.n_ubatch = p.n_batch;
     return p;
 }
+
+std::vector<std::string> context_option_names() { return option_names(kContextOptions); }
 
 std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const llama_context_params & params,
                                          std::shared_ptr<Context> other) {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -26,6 +27,8 @@ inline void batch_add(llama_batch & batch, llama_token id, llama_pos pos, bool l
 // Builds llama_context_params from the options dict that the Python face has already validated
 // (names and types); values llama.cpp cannot take raise Error(InvalidOption).
 llama_context_params context_params_from_dict(const nanobind::dict & options);
+// The names context_params_from_dict takes (for the test that keeps them equal to Python's).
+std::vector<std::string> context_option_names();
 
 // Ownership: holds the Model (shared_ptr) so the weights outlive the context; frees the llama_context
 // in its destructor. Not thread-safe: one user at a time (try_lease).

@@ -563,6 +563,9 @@ void register_session(nb::module_ & m) {
         .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"))
         .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"));
 
+    m.def("sampling_option_names", &sampling_option_names, "The sampling options the native core reads.");
+    m.def("context_option_names", &context_option_names, "The context options the native core reads.");
+
     m.def(
         "ngram_cache_create",
         [](std::vector<llama_token> tokens, std::string path) {
