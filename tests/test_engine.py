@@ -92,6 +92,8 @@ def test_session_options_the_session_sets_itself_are_refused(smol: llamaspec.Mod
             Generator(smol, **{name: value})
     with pytest.raises(InvalidOptionError, match="n_seq"):
         Generator(smol, n_seq=0)
+    with pytest.raises(InvalidOptionError, match=r"n_batch \(2\) must hold one token of every sequence"):
+        Generator(smol, n_seq=4, n_batch=2, n_ubatch=2)
     with llamaspec.Context(smol, n_ctx=64, n_seq_max=2) as ctx:  # the low-level Context keeps them
         assert ctx.n_seq_max == 2
 

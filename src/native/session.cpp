@@ -405,6 +405,10 @@ std::shared_ptr<Session> Session::create_plain(std::shared_ptr<Model> model, lla
     if (draft_model) throw Error(ErrorKind::InvalidOption, "a draft model needs a speculative method");
     if (config.adaptive) throw Error(ErrorKind::InvalidOption, "n_draft='auto' needs a speculative method");
     const int32_t n_seq = config.n_seq;
+    if ((int64_t) n_seq > (int64_t) params.n_batch) {
+        throw Error(ErrorKind::InvalidOption, "n_batch (" + std::to_string(params.n_batch) +
+                                                  ") must hold one token of every sequence: n_seq = " + std::to_string(n_seq));
+    }
     config.n_draft = 0;
     config.n_draft_min = 0;
     auto core = std::make_shared<Core>();
