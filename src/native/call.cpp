@@ -133,7 +133,7 @@ std::optional<Event> EventQueue::pop(std::chrono::microseconds timeout) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout.count() < 0) {
         cv_.wait(lock, [this] { return !events_.empty(); });
-    } else if (timeout.count() == 0) {
+    } else if (timeout.count() == 0) {  // a look (the async path): no timed wait, no syscall
         if (events_.empty()) return std::nullopt;
     } else if (!cv_.wait_for(lock, timeout, [this] { return !events_.empty(); })) {
         return std::nullopt;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 #include <thread>
 
 #include <nanobind/ndarray.h>
@@ -51,6 +53,14 @@ ggml_type cache_type(const std::string & name, const char * option) {
 namespace {
 using CP = llama_context_params;
 std::string str(nb::handle v) { return nb::cast<std::string>(v); }
+// The enum value an option's (validated) name stands for, `otherwise` for the remaining name.
+template <typename E> E named(nb::handle v, std::initializer_list<std::pair<const char *, E>> names, E otherwise) {
+    const std::string s = str(v);
+    for (const auto & [name, value] : names) {
+        if (s == name) return value;
+    }
+    return otherwise;
+}
 // Every context option (src/llamaspec/_options.py CONTEXT_OPTIONS).
 const OptionField<CP> kContextOptions[] = {
     LLAMASPEC_OPTION_FIELD(CP, "n_ctx", n_ctx, int64_t),
@@ -64,10 +74,8 @@ const OptionField<CP> kContextOptions[] = {
     {"type_v", [](CP & p, nb::handle v) { p.type_v = cache_type(str(v), "type_v"); }},
     {"flash_attn",
      [](CP & p, nb::handle v) {
-         const std::string s = str(v);
-         p.flash_attn_type = s == "on"    ? LLAMA_FLASH_ATTN_TYPE_ENABLED
-                             : s == "off" ? LLAMA_FLASH_ATTN_TYPE_DISABLED
-                                          : LLAMA_FLASH_ATTN_TYPE_AUTO;
+         p.flash_attn_type = named(v, {{"on", LLAMA_FLASH_ATTN_TYPE_ENABLED}, {"off", LLAMA_FLASH_ATTN_TYPE_DISABLED}},
+                                   LLAMA_FLASH_ATTN_TYPE_AUTO);
      }},
     LLAMASPEC_OPTION_FIELD(CP, "offload_kqv", offload_kqv, bool),
     LLAMASPEC_OPTION_FIELD(CP, "op_offload", op_offload, bool),
@@ -76,19 +84,17 @@ const OptionField<CP> kContextOptions[] = {
     LLAMASPEC_OPTION_FIELD(CP, "kv_unified", kv_unified, bool),
     {"rope_scaling_type",
      [](CP & p, nb::handle v) {
-         const std::string s = str(v);
-         p.rope_scaling_type = s == "none"       ? LLAMA_ROPE_SCALING_TYPE_NONE
-                               : s == "linear"   ? LLAMA_ROPE_SCALING_TYPE_LINEAR
-                               : s == "yarn"     ? LLAMA_ROPE_SCALING_TYPE_YARN
-                               : s == "longrope" ? LLAMA_ROPE_SCALING_TYPE_LONGROPE
-                                                 : LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED;
+         p.rope_scaling_type = named(v,
+                                     {{"none", LLAMA_ROPE_SCALING_TYPE_NONE},
+                                      {"linear", LLAMA_ROPE_SCALING_TYPE_LINEAR},
+                                      {"yarn", LLAMA_ROPE_SCALING_TYPE_YARN},
+                                      {"longrope", LLAMA_ROPE_SCALING_TYPE_LONGROPE}},
+                                     LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED);
      }},
     {"attention_type",
      [](CP & p, nb::handle v) {
-         const std::string s = str(v);
-         p.attention_type = s == "causal"       ? LLAMA_ATTENTION_TYPE_CAUSAL
-                            : s == "non_causal" ? LLAMA_ATTENTION_TYPE_NON_CAUSAL
-                                                : LLAMA_ATTENTION_TYPE_UNSPECIFIED;
+         p.attention_type = named(v, {{"causal", LLAMA_ATTENTION_TYPE_CAUSAL}, {"non_causal", LLAMA_ATTENTION_TYPE_NON_CAUSAL}},
+                                  LLAMA_ATTENTION_TYPE_UNSPECIFIED);
      }},
     LLAMASPEC_OPTION_FIELD(CP, "rope_freq_base", rope_freq_base, float),
     LLAMASPEC_OPTION_FIELD(CP, "rope_freq_scale", rope_freq_scale, float),

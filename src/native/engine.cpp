@@ -38,6 +38,12 @@ Error current_error() {
     }
 }
 
+// A cache rollback (llama_memory_seq_rm) that llama.cpp refused, as the error that ends the call.
+Error rollback_error(llama_seq_id seq, llama_pos p0, const char * cache) {
+    return Error(ErrorKind::Decode, "could not remove positions >= " + std::to_string(p0) + " of sequence " +
+                                        std::to_string(seq) + " from the " + cache + " (rollback failed)");
+}
+
 // common_speculative_process reported a failure of the drafter on `what`.
 Error drafter_error(const Core & core, const char * what) {
     return Error(ErrorKind::Generic, std::string("the drafter (") + common_speculative_type_name_str(core.stage_types) +
@@ -117,11 +123,6 @@ int32_t Engine::n_taken() const {
     return n;
 }
 
-bool Engine::running() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return running_;
-}
-
 std::shared_ptr<Run> Engine::start(const std::shared_ptr<Engine> & self, GenRequest req) {
     validate_request(req, *core_->tgt);
     std::shared_ptr<std::atomic<bool>> slot;
@@ -157,6 +158,21 @@ void Engine::clear_aborts() {
     if (core_->dft) core_->dft->clear_abort();
 }
 
+void Engine::end_leases() {
+    core_->tgt->end_lease();
+    if (core_->dft) core_->dft->end_lease();
+}
+
+void Engine::leave() {
+    // no decode runs until the next thread, so the CPU thread pools can be parked now (else their
+    // threads poll on for new work, slowing the process's other sessions)
+    core_->tgt->pause_threadpools();
+    if (core_->dft) core_->dft->pause_threadpools();
+    end_leases();
+    running_ = false;
+    released_cv_.notify_all();
+}
+
 void Engine::admit(const std::shared_ptr<CallState> & call) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (abort_wanted()) {
@@ -178,8 +194,7 @@ void Engine::admit(const std::shared_ptr<CallState> & call) {
         try {
             worker_ = std::thread([this] { loop(); });
         } catch (...) {  // nothing is registered yet
-            core_->tgt->end_lease();
-            if (core_->dft) core_->dft->end_lease();
+            end_leases();
             throw;
         }
         running_ = true;
@@ -223,12 +238,10 @@ void Engine::wait_released(CallState & call) {
 
 void Engine::seq_rm(llama_seq_id seq, llama_pos p0) {
     if (!llama_memory_seq_rm(llama_get_memory(core_->tgt->get()), seq, p0, -1) || fault_fires(Fault::SeqRmFails)) {
-        throw Error(ErrorKind::Decode, "could not remove positions >= " + std::to_string(p0) + " of sequence " +
-                                           std::to_string(seq) + " from the target's cache (rollback failed)");
+        throw rollback_error(seq, p0, "target's cache");
     }
     if (core_->dft && !llama_memory_seq_rm(llama_get_memory(core_->dft->get()), seq, p0, -1)) {
-        throw Error(ErrorKind::Decode, "could not remove positions >= " + std::to_string(p0) + " of sequence " +
-                                           std::to_string(seq) + " from the draft cache (rollback failed)");
+        throw rollback_error(seq, p0, "draft cache");
     }
 }
 
@@ -269,11 +282,6 @@ void Engine::fail(SeqState & s, const Error & e) {
     retire(s, nullptr);
 }
 
-void Engine::pause_threads() {
-    core_->tgt->pause_threadpools();
-    if (core_->dft) core_->dft->pause_threadpools();
-}
-
 // ---------------------------------------------------------------------------------------------------
 // the loop
 
@@ -309,11 +317,7 @@ void Engine::loop() {
             c->released = true;
         }
         registered_.clear();
-        pause_threads();
-        core_->tgt->end_lease();
-        if (core_->dft) core_->dft->end_lease();
-        running_ = false;
-        released_cv_.notify_all();
+        leave();
     }
 }
 
@@ -331,13 +335,7 @@ void Engine::run_loop(std::vector<std::unique_ptr<SeqState>> & seqs) {
             }
             incoming_.clear();
             if (seqs.empty()) {
-                // leave: no decode can run until the next thread, so the CPU thread pools can be
-                // parked now (else their threads spin on, slowing the process's other sessions)
-                pause_threads();
-                core_->tgt->end_lease();
-                if (core_->dft) core_->dft->end_lease();
-                running_ = false;
-                released_cv_.notify_all();
+                leave();
                 return;
             }
             // an abort asked for a pass that is over (or that only served cancelled calls)
@@ -533,8 +531,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             const llama_pos p0 = llama_memory_seq_pos_max(llama_get_memory(ctx_tgt), seq) + 1;
             if (!llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, p0, -1)) {
                 // never go on with a draft cache that is ahead of the target: this call fails
-                fail(*s, Error(ErrorKind::Decode, "could not remove positions >= " + std::to_string(p0) +
-                                                      " of sequence " + std::to_string(seq) + " from the draft cache"));
+                fail(*s, rollback_error(seq, p0, "draft cache"));
             }
         }
     }

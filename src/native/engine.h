@@ -101,8 +101,6 @@ public:
     std::shared_ptr<Run> start(const std::shared_ptr<Engine> & self, GenRequest req);
     const std::shared_ptr<Core> & core() const { return core_; }
     int32_t n_taken() const;  // sequences taken by a call
-    // True while the thread is running (a call is admitted and not released).
-    bool running() const;
 
     // the handle's side
     void on_cancel(CallState & call);
@@ -121,7 +119,8 @@ private:
     void fail(SeqState & s, const Error & e);
     // Drops positions >= p0 of a sequence from both caches; a failure raises DecodeError.
     void seq_rm(llama_seq_id seq, llama_pos p0);
-    void pause_threads();         // the thread leaves: park the contexts' CPU thread pools
+    void leave();                 // under mutex_: the thread leaves (pools parked, leases given back)
+    void end_leases();            // under mutex_
     bool all_cancelled() const;   // under mutex_: every registered call is cancelled
     bool abort_wanted() const;    // under mutex_: a decode now serves no live call
     void clear_aborts();          // under mutex_

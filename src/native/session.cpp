@@ -185,12 +185,13 @@ void check_drafter_head(common_speculative_type t, const Model & tgt, const Mode
             fail("a DSpark drafter needs dflash.block_size");
         }
         // p_min reads DSpark's confidence head (upstream: a missing key means it has one)
-        const int64_t conf = gguf_find_key(g.get(), "dflash.has_confidence_head");
-        if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK && p_min > 0.0f && conf >= 0 &&
-            !(gguf_get_kv_type(g.get(), conf) == GGUF_TYPE_BOOL && gguf_get_val_bool(g.get(), conf))) {
-            throw Error(ErrorKind::InvalidOption,
-                        "p_min needs a DSpark drafter with a confidence head, and '" + dft.path() +
-                            "' has none (dflash.has_confidence_head is false): use p_min=0", 0, false, dft.path());
+        if (t == COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK && p_min > 0.0f) {
+            const int64_t conf = gguf_find_key(g.get(), "dflash.has_confidence_head");
+            if (conf >= 0 && !(gguf_get_kv_type(g.get(), conf) == GGUF_TYPE_BOOL && gguf_get_val_bool(g.get(), conf))) {
+                throw Error(ErrorKind::InvalidOption,
+                            "p_min needs a DSpark drafter with a confidence head, and '" + dft.path() +
+                                "' has none (dflash.has_confidence_head is false): use p_min=0", 0, false, dft.path());
+            }
         }
     }
 }
@@ -217,6 +218,31 @@ void check_ngram_cache_file(const std::string & path, const Model & tgt, const c
         }
     }
     if (f.gcount() != 0) fail("is truncated");
+}
+
+// The target context of a session: n_seq sequences of n_ctx tokens each, in separate cache streams,
+// and an n_batch that holds one pass of every sequence ([last, n_draft drafts] each). Speculative
+// sessions also keep n_draft recurrent-state snapshots per sequence (the rollback of rejected drafts
+// on recurrent/hybrid models) and room for 1 + n_draft output rows per sequence.
+llama_context_params target_params(const llama_context_params & params, int32_t n_seq, int32_t n_draft) {
+    if ((int64_t) n_seq * (1 + n_draft) > (int64_t) params.n_batch) {
+        throw Error(ErrorKind::InvalidOption,
+                    "n_batch (" + std::to_string(params.n_batch) + ") must hold " +
+                        (n_draft > 0 ? "a verify of every sequence: n_seq * (1 + n_draft) = " + std::to_string(n_seq * (1 + n_draft))
+                                     : "one token of every sequence: n_seq = " + std::to_string(n_seq)));
+    }
+    llama_context_params tp = params;
+    tp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
+    tp.n_seq_max = (uint32_t) n_seq;
+    tp.n_ctx = params.n_ctx * (uint32_t) n_seq;
+    tp.kv_unified = false;
+    if (n_draft > 0) {
+        const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, n_seq, n_draft);
+        tp.n_rs_seq = (uint32_t) n_draft;
+        tp.n_outputs_max = (uint32_t) limits.total;
+        tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
+    }
+    return tp;
 }
 
 }  // namespace
@@ -292,26 +318,11 @@ std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_con
         throw Error(ErrorKind::InvalidOption,
                     "n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence (see ADR 0012)");
     }
-    if ((int64_t) n_seq * (1 + n_draft) > (int64_t) params.n_batch) {
-        throw Error(ErrorKind::InvalidOption, "n_batch (" + std::to_string(params.n_batch) + ") must hold a verify of every " +
-                                                  "sequence: n_seq * (1 + n_draft) = " + std::to_string(n_seq * (1 + n_draft)));
-    }
+    const llama_context_params tp = target_params(params, n_seq, n_draft);
 
     auto core = std::make_shared<Core>();
     core->config = config;
 
-    // target: keep n_draft recurrent-state snapshots per sequence (rollback of rejected drafts on
-    // recurrent/hybrid models) and room for 1 + n_draft output rows per verify
-    // n_seq sequences of n_ctx tokens each, in separate cache streams
-    const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, n_seq, n_draft);
-    llama_context_params tp = params;
-    tp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
-    tp.n_seq_max = (uint32_t) n_seq;
-    tp.n_ctx = params.n_ctx * (uint32_t) n_seq;
-    tp.kv_unified = false;
-    tp.n_rs_seq = (uint32_t) n_draft;
-    tp.n_outputs_max = (uint32_t) limits.total;
-    tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
     core->tgt = Context::create(model, tp);
     auto needs_rollback = [](const Model & m) {
         return llama_model_is_recurrent(m.get()) || llama_model_is_hybrid(m.get());
@@ -337,8 +348,8 @@ std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_con
         } else {
             // DFlash/DSpark sample a whole block of drafts on the backend: room for 1 + n_draft rows
             // (with fewer, every draft comes back empty, silently)
-            dp.n_outputs_max = (uint32_t) limits.total;
-            dp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
+            dp.n_outputs_max = tp.n_outputs_max;
+            dp.n_outputs_max_per_seq = tp.n_outputs_max_per_seq;
             if (needs_rollback(*dm)) dp.n_rs_seq = (uint32_t) n_draft + 1;  // it rolls back its own drafts too
         }
         core->dft = Context::create(dm, dp, core->tgt);
@@ -404,23 +415,13 @@ std::shared_ptr<Session> Session::create_plain(std::shared_ptr<Model> model, lla
                                                SpecConfig config, const std::shared_ptr<Model> & draft_model) {
     if (draft_model) throw Error(ErrorKind::InvalidOption, "a draft model needs a speculative method");
     if (config.adaptive) throw Error(ErrorKind::InvalidOption, "n_draft='auto' needs a speculative method");
-    const int32_t n_seq = config.n_seq;
-    if ((int64_t) n_seq > (int64_t) params.n_batch) {
-        throw Error(ErrorKind::InvalidOption, "n_batch (" + std::to_string(params.n_batch) +
-                                                  ") must hold one token of every sequence: n_seq = " + std::to_string(n_seq));
-    }
+    const llama_context_params tp = target_params(params, config.n_seq, 0);
     config.n_draft = 0;
     config.n_draft_min = 0;
     auto core = std::make_shared<Core>();
     core->config = config;
-    // n_seq sequences of n_ctx tokens each, in separate cache streams; one output row per sequence
-    llama_context_params tp = params;
-    tp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
-    tp.n_seq_max = (uint32_t) n_seq;
-    tp.n_ctx = params.n_ctx * (uint32_t) n_seq;
-    tp.kv_unified = false;
     core->tgt = Context::create(std::move(model), tp);
-    core->stats = std::make_unique<SpecStatsBox>(0, 0, (size_t) n_seq);
+    core->stats = std::make_unique<SpecStatsBox>(0, 0, (size_t) config.n_seq);
     return from_core(std::move(core));
 }
 
@@ -527,8 +528,6 @@ void register_session(nb::module_ & m) {
             "Check the configuration, build the contexts and the speculative state (no methods: a plain session; releases the GIL).")
         .def_prop_ro("target", [](const Session & s) { return s.core()->tgt; })
         .def_prop_ro("draft", [](const Session & s) { return s.core()->dft; })
-        .def_prop_ro("running", [](const Session & s) { return s.engine_running(); },
-                     "The engine thread is running (a call holds the contexts).")
         .def_prop_ro("n_draft", [](const Session & s) { return s.core()->config.n_draft; })
         .def_prop_ro("methods", [](const Session & s) { return s.core()->stage_names; },
                      "The stages, in the order upstream tries them for each draft.")
