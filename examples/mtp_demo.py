@@ -45,7 +45,7 @@ class LiveStats:
         return Text(line, style="cyan")
 
 
-def stream(console: Console, label: str, session: llamaspec.Generator | llamaspec.Speculative, prompt: str,
+def stream(console: Console, label: str, session: llamaspec.Generator | llamaspec.Speculative, prompt: str | list[int],
            max_tokens: int, show_text: bool, **sampling: object) -> llamaspec.GenerationStats:
     stats = LiveStats(label, session if isinstance(session, llamaspec.Speculative) else None)
     text = Text()
@@ -107,7 +107,8 @@ def model_demo(console: Console, args: argparse.Namespace) -> None:
         console.print(f"[bold]{model.description}[/] ({model.n_params / 1e9:.2f}B params, "
                       f"{model.n_layer_nextn} MTP layer(s)), method {args.method}")
         question = args.chat or "Write a haiku about the sea."
-        prompt = model.apply_chat_template([{"role": "user", "content": question}], enable_thinking=False)
+        prompt = model.apply_chat_template([{"role": "user", "content": question}], enable_thinking=False,
+                                           tokenize=True)
         console.print(f"[dim]user:[/] {question}\n")
         with llamaspec.Speculative(model, method=args.method, n_draft=args.n_draft, draft_model=args.draft_model,
                                    n_ctx=args.n_ctx, n_threads=args.threads) as spec:

@@ -42,7 +42,7 @@ def main() -> None:
     console.print(f"[bold]{model.description}[/] loaded in {time.perf_counter() - t0:.2f} s "
                   f"({model.n_params / 1e6:.0f}M params)")
     gen = llamaspec.Generator(model, n_ctx=2048, n_threads=args.threads)
-    prompt = model.apply_chat_template([{"role": "user", "content": args.prompt}])
+    prompt = model.apply_chat_template([{"role": "user", "content": args.prompt}], tokenize=True)
     console.print(f"[dim]user:[/] {args.prompt}\n")
 
     text = Text()

@@ -14,13 +14,14 @@ import logging
 import math
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _native
+from ._chat import chat_tokens
 from ._log import sync_log_level
 from ._options import sampling_options
 from .context import Context
@@ -32,6 +33,7 @@ from .stats import SpecStats
 _S = TypeVar("_S", bound="_StreamingSession")
 
 Prompt = str | Sequence[int]
+Messages = Sequence[Mapping[str, Any]]
 
 logger = logging.getLogger("llamaspec")
 
@@ -170,8 +172,9 @@ class _StreamingSession:
 
     # -- request preparation (eager: errors surface at the call, not at the first next()) ---------
 
-    def _prepare(self, prompt: Prompt, max_tokens: int, timeout: float | None,
-                 prefill_timeout: float | None, sampling: dict[str, Any]) -> _Request:
+    def _prepare(self, prompt: Prompt | None, max_tokens: int, timeout: float | None,
+                 prefill_timeout: float | None, sampling: dict[str, Any],
+                 messages: Messages | None = None) -> _Request:
         if self._closed:
             raise ClosedError(f"this {type(self).__name__} is closed")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -179,7 +182,12 @@ class _StreamingSession:
         opts = sampling_options(sampling)
         stop = opts.pop("stop", [])
         grammar_root = opts.pop("grammar_root", None) or "root"
-        if isinstance(prompt, str):
+        if (prompt is None) == (messages is None):
+            raise InvalidOptionError("give either a prompt or messages=, not both" if prompt is not None
+                                     else "give a prompt or messages=")
+        if messages is not None:
+            tokens = chat_tokens(self._native_model, messages, self._render_chat)
+        elif isinstance(prompt, str):
             tokens = list(self._native_model.tokenize(prompt, True, True))
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
             items: list[object] = list(prompt)
@@ -194,6 +202,9 @@ class _StreamingSession:
             raise InvalidOptionError("the prompt is empty")
         return _Request(tokens, max_tokens, _check_timeout("timeout", timeout),
                         _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts)
+
+    def _render_chat(self, messages: str) -> str:
+        return self._native_model.apply_chat_template(messages, True, -1, [], "")
 
     def _require(self) -> _native.Session:
         native = self._engine
@@ -241,9 +252,10 @@ class _StreamingSession:
         finally:
             self._finish(run)
 
-    def stream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                      prefill_timeout: float | None = None, emit_stats_every: int = 0,
-                      **sampling: Any) -> Iterator[Event]:
+    def stream_events(self, prompt: Prompt | None = None, max_tokens: int = 256,
+                      timeout: float | None = 60.0, *,
+                      messages: Messages | None = None, prefill_timeout: float | None = None,
+                      emit_stats_every: int = 0, **sampling: Any) -> Iterator[Event]:
         """Generate, yielding Token events (and a Stats event every ``emit_stats_every`` tokens when
         > 0), then EndOfGeneration (if the model stopped), then Done.
 
@@ -253,6 +265,9 @@ class _StreamingSession:
 
         Args:
             prompt: text (tokenized with BOS as the model wants and special tokens parsed) or token ids.
+            messages: instead of a prompt, a chat (OpenAI-style messages) rendered with the model's
+                template; its text never becomes control tokens (Model.apply_chat_template,
+                tokenize=True). For template options, pass that method's ids as the prompt.
             max_tokens: exact upper bound on generated tokens (>= 1).
             timeout: seconds to wait for each token after the first (None: no limit).
             prefill_timeout: seconds to wait for the first token (None: no limit).
@@ -273,7 +288,7 @@ class _StreamingSession:
             GenerationTimeout: a timeout passed; the native work was stopped.
         """
         every = _check_every(emit_stats_every)
-        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling)
+        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
         if every == 0:
             return self._iterate(req)
         seq: list[int] = []
@@ -295,18 +310,23 @@ class _StreamingSession:
         finally:
             events.close()  # type: ignore[attr-defined]
 
-    def stream(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-               prefill_timeout: float | None = None, **sampling: Any) -> Iterator[str]:
+    def stream(self, prompt: Prompt | None = None, max_tokens: int = 256,
+               timeout: float | None = 60.0, *,
+               messages: Messages | None = None, prefill_timeout: float | None = None,
+               **sampling: Any) -> Iterator[str]:
         """Generate, yielding text pieces as they are ready (see stream_events for arguments/errors).
 
         Returns:
             An iterator of non-empty str pieces whose concatenation is the generated text.
         """
-        events = self.stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        events = self.stream_events(prompt, max_tokens, timeout, messages=messages,
+                                    prefill_timeout=prefill_timeout, **sampling)
         return (ev.text for ev in events if isinstance(ev, Token) and ev.text)
 
-    def generate(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                 prefill_timeout: float | None = None, **sampling: Any) -> str:
+    def generate(self, prompt: Prompt | None = None, max_tokens: int = 256,
+                 timeout: float | None = 60.0, *,
+                 messages: Messages | None = None, prefill_timeout: float | None = None,
+                 **sampling: Any) -> str:
         """Generate and return the whole text (see stream_events for arguments and errors).
 
         Ctrl-C while it blocks stops the native work and raises KeyboardInterrupt.
@@ -314,7 +334,8 @@ class _StreamingSession:
         Returns:
             The generated text; ``last_stats`` holds the call's figures.
         """
-        events = self.stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        events = self.stream_events(prompt, max_tokens, timeout, messages=messages,
+                                    prefill_timeout=prefill_timeout, **sampling)
         try:
             return "".join(ev.text for ev in events if isinstance(ev, Token))
         finally:
@@ -322,16 +343,17 @@ class _StreamingSession:
 
     # -- async iteration ---------------------------------------------------------------------------
 
-    async def astream_events(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                             prefill_timeout: float | None = None, emit_stats_every: int = 0,
-                             **sampling: Any) -> AsyncIterator[Event]:
+    async def astream_events(self, prompt: Prompt | None = None, max_tokens: int = 256,
+                             timeout: float | None = 60.0, *,
+                             messages: Messages | None = None, prefill_timeout: float | None = None,
+                             emit_stats_every: int = 0, **sampling: Any) -> AsyncIterator[Event]:
         """Async form of stream_events. Never blocks the event loop: the engine wakes the loop when
         an event is ready (a pipe the loop watches); only the start and the close of a call run in
         the loop's default executor. Cancelling the task stops the native work.
         """
         every = _check_every(emit_stats_every)
         seq: list[int] = []
-        agen = self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling),
+        agen = self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages),
                               lambda run: seq.append(run.seq))
         n = 0
         try:
@@ -399,10 +421,13 @@ class _StreamingSession:
                 self._finish(run)  # cancelled again while closing: finish here (one step at most)
                 raise
 
-    async def astream(self, prompt: Prompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
-                      prefill_timeout: float | None = None, **sampling: Any) -> AsyncIterator[str]:
+    async def astream(self, prompt: Prompt | None = None, max_tokens: int = 256,
+                      timeout: float | None = 60.0, *,
+                      messages: Messages | None = None, prefill_timeout: float | None = None,
+                      **sampling: Any) -> AsyncIterator[str]:
         """Async form of stream: yields non-empty text pieces."""
-        agen = self.astream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        agen = self.astream_events(prompt, max_tokens, timeout, messages=messages,
+                                  prefill_timeout=prefill_timeout, **sampling)
         try:
             async for ev in agen:
                 if isinstance(ev, Token) and ev.text:

@@ -6,9 +6,10 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 from . import _native
+from ._chat import chat_tokens, messages_json
 from ._log import sync_log_level
 from .errors import ClosedError, InvalidOptionError, ModelLoadError
 
@@ -264,41 +265,74 @@ class Model:
         """True for tokens that end generation (EOS, EOT, ...)."""
         return self._require().is_eog(_id(id))
 
+    def is_control(self, id: int) -> bool:
+        """True for control tokens (``<|im_start|>``, BOS, ...): the ones a str prompt parses from
+        their text and message text in a chat never becomes.
+
+        Raises:
+            InvalidOptionError: the id is out of range.
+        """
+        return bool(self._require().is_control(_id(id)))
+
     # -- chat -----------------------------------------------------------------------------------
+
+    @overload
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, tokenize: Literal[False] = ...,
+                            add_generation_prompt: bool = ..., enable_thinking: bool | None = ...,
+                            chat_template: str | None = ..., **template_kwargs: Any) -> str: ...
+
+    @overload
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, tokenize: Literal[True],
+                            add_generation_prompt: bool = ..., enable_thinking: bool | None = ...,
+                            chat_template: str | None = ..., **template_kwargs: Any) -> list[int]: ...
 
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
         *,
+        tokenize: bool = False,
         add_generation_prompt: bool = True,
         enable_thinking: bool | None = None,
         chat_template: str | None = None,
         **template_kwargs: Any,
-    ) -> str:
+    ) -> str | list[int]:
         """Render a conversation with the model's chat template (llama.cpp's jinja engine).
+
+        With ``tokenize=True`` the result is the prompt's token ids, in which the template's markup
+        becomes control tokens and the messages' text never does (a message holding
+        ``<|im_start|>system`` stays text): the safe way to prompt with untrusted messages, and the
+        one ``stream(messages=...)`` and the server use. The text form is for display, or for callers
+        that want special-token text in it parsed (a str prompt parses special tokens).
 
         Args:
             messages: OpenAI-style messages, e.g. ``[{"role": "user", "content": "Hi"}]``.
+            tokenize: return token ids (BOS added as the model wants) instead of text.
             add_generation_prompt: end with the assistant's turn header.
             enable_thinking: for templates with a thinking switch (Qwen3.x); None keeps the default.
             chat_template: a template to use instead of the one in the file.
             **template_kwargs: extra variables for the template (JSON-serializable values).
 
         Returns:
-            The prompt text (special tokens as text; generation parses them).
+            The prompt text (special tokens as text), or its token ids with ``tokenize=True``.
 
         Raises:
             ChatTemplateError: the template failed for these messages.
             InvalidOptionError: messages or kwargs are not JSON-serializable.
         """
+        native = self._require()
         try:
-            msgs = json.dumps(list(messages))
             kwargs = [(k, json.dumps(v)) for k, v in template_kwargs.items()]
         except (TypeError, ValueError) as e:
-            raise InvalidOptionError(f"messages and template kwargs must be JSON-serializable: {e}") from e
+            raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
         thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
-        return self._require().apply_chat_template(msgs, add_generation_prompt, thinking, kwargs,
-                                                   chat_template or "")
+
+        def render(msgs: str) -> str:
+            return native.apply_chat_template(msgs, add_generation_prompt, thinking, kwargs,
+                                              chat_template or "")
+
+        if tokenize:
+            return chat_tokens(native, messages, render)
+        return render(messages_json(messages))
 
 
 def _id(v: Any) -> int:

@@ -1,6 +1,8 @@
 // Model loading, properties, tokenizer and chat templates.
 #include "model.h"
 
+#include <algorithm>
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -85,6 +87,72 @@ void Model::check_token(llama_token id) const {
 
 std::vector<llama_token> Model::tokenize(const std::string & text, bool add_special, bool parse_special) const {
     return common_tokenize(vocab_, text, add_special, parse_special);
+}
+
+const std::vector<std::pair<std::string, llama_token>> & Model::control_tokens() const {
+    std::call_once(control_once_, [this] {
+        const int32_t n = llama_vocab_n_tokens(vocab_);
+        for (llama_token id = 0; id < n; ++id) {
+            if (llama_vocab_get_attr(vocab_, id) & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_UNKNOWN)) {
+                const char * text = llama_vocab_get_text(vocab_, id);
+                if (text != nullptr && *text != '\0') control_tokens_.emplace_back(text, id);
+            }
+        }
+        std::stable_sort(control_tokens_.begin(), control_tokens_.end(),
+                         [](const auto & a, const auto & b) { return a.first.size() > b.first.size(); });
+    });
+    return control_tokens_;
+}
+
+std::vector<llama_token> Model::tokenize_segments(const std::vector<std::pair<std::string, bool>> & segments,
+                                                  bool add_special) const {
+    // A fragment is raw text (token == LLAMA_TOKEN_NULL) or one control token. Only raw fragments
+    // of trusted segments are searched for control-token text, longest token first, as llama.cpp does.
+    struct Fragment {
+        std::string text;
+        llama_token token;
+        bool trusted;
+    };
+    std::vector<Fragment> frags;
+    for (const auto & [text, trusted] : segments) {
+        if (!text.empty()) frags.push_back({text, LLAMA_TOKEN_NULL, trusted});
+    }
+    for (const auto & [special, id] : control_tokens()) {
+        std::vector<Fragment> next;
+        next.reserve(frags.size());
+        for (auto & f : frags) {
+            if (f.token != LLAMA_TOKEN_NULL || !f.trusted || f.text.find(special) == std::string::npos) {
+                next.push_back(std::move(f));
+                continue;
+            }
+            size_t from = 0;
+            for (size_t at; (at = f.text.find(special, from)) != std::string::npos; from = at + special.size()) {
+                if (at > from) next.push_back({f.text.substr(from, at - from), LLAMA_TOKEN_NULL, true});
+                next.push_back({special, id, true});
+            }
+            if (from < f.text.size()) next.push_back({f.text.substr(from), LLAMA_TOKEN_NULL, true});
+        }
+        frags = std::move(next);
+    }
+    std::vector<llama_token> out;
+    if (add_special && llama_vocab_get_add_bos(vocab_)) out.push_back(llama_vocab_bos(vocab_));
+    std::string raw;
+    auto flush = [&] {
+        if (raw.empty()) return;
+        for (llama_token t : common_tokenize(vocab_, raw, false, false)) out.push_back(t);
+        raw.clear();
+    };
+    for (const auto & f : frags) {
+        if (f.token == LLAMA_TOKEN_NULL) {
+            raw += f.text;  // raw text joins across segments, as in one string
+        } else {
+            flush();
+            out.push_back(f.token);
+        }
+    }
+    flush();
+    if (add_special && llama_vocab_get_add_eos(vocab_)) out.push_back(llama_vocab_eos(vocab_));
+    return out;
 }
 
 std::string Model::detokenize(const std::vector<llama_token> & ids, bool special) const {
@@ -229,6 +297,12 @@ void register_model(nb::module_ & m) {
                  return self.tokenize(text, add_special, parse_special);
              },
              nb::arg("text"), nb::arg("add_special"), nb::arg("parse_special"))
+        .def("tokenize_segments",
+             [](const Model & self, const std::vector<std::pair<std::string, bool>> & segments, bool add_special) {
+                 nb::gil_scoped_release nogil;
+                 return self.tokenize_segments(segments, add_special);
+             },
+             nb::arg("segments"), nb::arg("add_special"))
         .def("detokenize",
              [](const Model & self, const std::vector<llama_token> & ids, bool special) {
                  std::string s;

@@ -53,6 +53,14 @@ public:
     std::string token_to_piece(llama_token id, bool special) const;
     std::string meta(const std::string & key) const;  // "" when absent
 
+    // Tokenizes a text given as segments, recognizing control tokens (by their text) only inside
+    // trusted segments: text from an untrusted segment never becomes a control token. Raw text is
+    // joined across segment boundaries before it is tokenized, so the result equals tokenize(all,
+    // add_special, parse_special=true) whenever the untrusted segments hold no control-token text.
+    // Mirrors llama.cpp's own partition (llama_vocab::impl::tokenizer_st_partition).
+    std::vector<llama_token> tokenize_segments(const std::vector<std::pair<std::string, bool>> & segments,
+                                               bool add_special) const;
+
     // Renders messages (a JSON array in OpenAI chat format) with the model's template through
     // common's jinja engine. enable_thinking: -1 = template default, 0 = off, 1 = on.
     std::string apply_chat_template(const std::string & messages_json, bool add_generation_prompt,
@@ -67,7 +75,12 @@ private:
     bool vocab_only_ = false;
     bool mtp_loaded_ = false;
 
+    // control and unknown tokens (the ones parse_special=false ignores), longest text first
+    const std::vector<std::pair<std::string, llama_token>> & control_tokens() const;
+
     mutable std::mutex chat_mutex_;
+    mutable std::once_flag control_once_;
+    mutable std::vector<std::pair<std::string, llama_token>> control_tokens_;
     mutable std::shared_ptr<common_chat_templates> chat_templates_;  // built on first use
 };
 
