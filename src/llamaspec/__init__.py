@@ -23,7 +23,7 @@ from .errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from .events import Done, EndOfGeneration, Event, GenerationStats, Stats, Token
+from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
 from .generator import Generator
 from .model import Model
 from .ngram import ngram_cache_create
@@ -46,6 +46,7 @@ __all__ = [
     "EndOfGeneration",
     "Done",
     "Stats",
+    "PromptProgress",
     "Event",
     "GenerationStats",
     "LlamaspecError",

@@ -10,6 +10,7 @@ task) cancel the call and wait until the engine has let go of it, so that its se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -26,7 +27,7 @@ from ._log import sync_log_level
 from ._options import sampling_options
 from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
-from .events import Done, EndOfGeneration, Event, GenerationStats, Stats, Token
+from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
 from .model import Model
 from .stats import SpecStats
 
@@ -47,6 +48,8 @@ class _Request:
     stop: list[str]
     grammar_root: str
     sampling: dict[str, Any]
+    prompt_progress: bool = False
+    draft_max: int = -1
 
 
 def _check_timeout(name: str, v: Any) -> float | None:
@@ -203,6 +206,15 @@ class _StreamingSession:
         return _Request(tokens, max_tokens, _check_timeout("timeout", timeout),
                         _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts)
 
+    @staticmethod
+    def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None) -> _Request:
+        if not isinstance(prompt_progress, bool):
+            raise InvalidOptionError(f"prompt_progress must be a bool, got {prompt_progress!r}")
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 0):
+            raise InvalidOptionError(f"draft_max must be an int >= 0 or None, got {draft_max!r}")
+        return dataclasses.replace(req, prompt_progress=prompt_progress,
+                                   draft_max=-1 if draft_max is None else draft_max)
+
     def _render_chat(self, messages: str) -> str:
         return self._native_model.apply_chat_template(messages, True, -1, [], "")
 
@@ -215,7 +227,8 @@ class _StreamingSession:
     def _start(self, req: _Request) -> _native.Run:
         native = self._require()
         sync_log_level()
-        run = native.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root)
+        run = native.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root,
+                           req.prompt_progress, req.draft_max)
         with self._lock:
             self._active.append(run)
         return run
@@ -232,6 +245,8 @@ class _StreamingSession:
             return Token(ev[1], ev[2])
         if kind == 1:
             return EndOfGeneration()
+        if kind == 4:
+            return PromptProgress(ev[1], ev[2], ev[3])
         stats = GenerationStats._from_native(ev[1])
         self._last_stats = stats
         return Done(stats)
@@ -255,7 +270,8 @@ class _StreamingSession:
     def stream_events(self, prompt: Prompt | None = None, max_tokens: int = 256,
                       timeout: float | None = 60.0, *,
                       messages: Messages | None = None, prefill_timeout: float | None = None,
-                      emit_stats_every: int = 0, **sampling: Any) -> Iterator[Event]:
+                      emit_stats_every: int = 0, prompt_progress: bool = False,
+                      draft_max: int | None = None, **sampling: Any) -> Iterator[Event]:
         """Generate, yielding Token events (and a Stats event every ``emit_stats_every`` tokens when
         > 0), then EndOfGeneration (if the model stopped), then Done.
 
@@ -273,6 +289,10 @@ class _StreamingSession:
             prefill_timeout: seconds to wait for the first token (None: no limit).
             emit_stats_every: an int >= 0; when > 0, a Stats event every that many tokens with the
                 session's totals (with n_seq > 1: the counters of the call's sequence).
+            prompt_progress: PromptProgress events while the prompt is decoded (one before it, one
+                after each n_batch chunk).
+            draft_max: this call's longest draft, an int >= 0 (0: no drafting for this call), at
+                most the session's; None: the session's. The output does not change, only the speed.
             **sampling: sampling options (README, "Sampling"); ``stop`` ends the text before the first
                 stop string (which is not emitted).
 
@@ -288,7 +308,8 @@ class _StreamingSession:
             GenerationTimeout: a timeout passed; the native work was stopped.
         """
         every = _check_every(emit_stats_every)
-        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
+        req = self._call_options(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages),
+                                 prompt_progress, draft_max)
         if every == 0:
             return self._iterate(req)
         seq: list[int] = []
@@ -346,14 +367,16 @@ class _StreamingSession:
     async def astream_events(self, prompt: Prompt | None = None, max_tokens: int = 256,
                              timeout: float | None = 60.0, *,
                              messages: Messages | None = None, prefill_timeout: float | None = None,
-                             emit_stats_every: int = 0, **sampling: Any) -> AsyncIterator[Event]:
+                             emit_stats_every: int = 0, prompt_progress: bool = False,
+                             draft_max: int | None = None, **sampling: Any) -> AsyncIterator[Event]:
         """Async form of stream_events. Never blocks the event loop: the engine wakes the loop when
         an event is ready (a pipe the loop watches); only the start and the close of a call run in
         the loop's default executor. Cancelling the task stops the native work.
         """
         every = _check_every(emit_stats_every)
         seq: list[int] = []
-        agen = self._aiterate(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages),
+        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
+        agen = self._aiterate(self._call_options(req, prompt_progress, draft_max),
                               lambda run: seq.append(run.seq))
         n = 0
         try:

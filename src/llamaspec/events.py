@@ -1,4 +1,5 @@
-"""The events a generation streams: Token*, then EndOfGeneration (if the model stopped), then Done."""
+"""The events a generation streams: PromptProgress* (when asked for), Token*, then EndOfGeneration (if
+the model stopped), then Done."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any, Literal, Union
 
 from .stats import SpecStats
 
-__all__ = ["Token", "EndOfGeneration", "Done", "Stats", "GenerationStats", "Event", "FinishReason"]
+__all__ = ["Token", "EndOfGeneration", "Done", "Stats", "PromptProgress", "GenerationStats", "Event",
+           "FinishReason"]
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -24,6 +26,22 @@ class Token:
 
     id: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptProgress:
+    """How far the prompt has been decoded (``prompt_progress=True``): one event before the first
+    chunk (processed 0) and one after each ``n_batch`` chunk; the last has processed == total.
+
+    Attributes:
+        processed: prompt tokens decoded so far.
+        total: tokens in the prompt.
+        prompt_time: seconds spent decoding the prompt so far.
+    """
+
+    processed: int
+    total: int
+    prompt_time: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,4 +113,4 @@ class Stats:
     snapshot: SpecStats
 
 
-Event = Union[Token, EndOfGeneration, Done, Stats]
+Event = Union[Token, EndOfGeneration, Done, Stats, PromptProgress]

@@ -222,13 +222,16 @@ void validate_request(const GenRequest & req, const Context & ctx) {
 }
 
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
-                        const nb::dict & sampling, std::string grammar_root) {
+                        const nb::dict & sampling, std::string grammar_root, bool prompt_progress,
+                        int32_t draft_max) {
     GenRequest req;
     req.prompt = std::move(prompt);
     req.max_tokens = max_tokens;
     req.stop = std::move(stop);
     req.sampling = sampling_params_from_dict(sampling);
     req.grammar_root = std::move(grammar_root);
+    req.prompt_progress = prompt_progress;
+    req.draft_max = draft_max;
     return req;
 }
 
@@ -297,6 +300,8 @@ nb::object event_to_python(Event & ev) {
             for (const auto & kv : ev.extra) d[nb::str(kv.first.c_str())] = kv.second;
             return nb::make_tuple(2, d);
         }
+        case Event::PromptProgress:
+            return nb::make_tuple(4, ev.processed, ev.stats.prompt_tokens, ev.stats.prefill_s);
         case Event::Failure:
             break;
     }

@@ -48,7 +48,7 @@ struct GenStats {
 };
 
 struct Event {
-    enum Kind { Token = 0, EndOfGeneration = 1, Done = 2, Failure = 3 };
+    enum Kind { Token = 0, EndOfGeneration = 1, Done = 2, Failure = 3, PromptProgress = 4 };
     Kind kind;
     llama_token id = -1;
     std::string text;
@@ -56,6 +56,8 @@ struct Event {
     std::optional<Error> error;
     // Done of a speculative run: the call's speculative counts (name -> value).
     std::vector<std::pair<std::string, double>> extra = {};
+    // PromptProgress: prompt tokens decoded so far (stats.prompt_tokens is the whole prompt).
+    int32_t processed = 0;
 };
 
 // A blocking FIFO between the engine (push) and the consumer (pop with a timeout). An asyncio
@@ -97,6 +99,8 @@ struct GenRequest {
     std::vector<std::string> stop;
     common_params_sampling sampling;
     std::string grammar_root = "root";
+    bool prompt_progress = false;  // a PromptProgress event before the prompt and after each chunk
+    int32_t draft_max = -1;        // this call's longest draft (0: none; -1: the session's n_draft)
 };
 
 // Turns sampled token ids into Token events: valid UTF-8, stop strings, and the one-event hold-back
@@ -164,7 +168,8 @@ void validate_request(const GenRequest & req, const Context & ctx);
 
 // A request from the arguments of a binding's start() (sampling: the validated options dict).
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
-                        const nanobind::dict & sampling, std::string grammar_root);
+                        const nanobind::dict & sampling, std::string grammar_root, bool prompt_progress,
+                        int32_t draft_max);
 
 // Converts events and stats into Python objects for the bindings.
 nanobind::object event_to_python(Event & ev);

@@ -409,6 +409,14 @@ void Engine::prefill_chunk(SeqState & s) {
     const int32_t n_prefix = (int32_t) prompt.size() - (spec ? 1 : 0);
     const Clock::time_point t0 = Clock::now();
     if (s.n_prefilled == 0) seq_rm(seq, -1);  // a fresh start for every call: caches and recurrent state
+    auto progress = [&](int32_t processed) {
+        if (!c.req.prompt_progress) return;
+        Event ev{Event::PromptProgress, -1, {}, c.stats, std::nullopt};
+        ev.stats.prompt_tokens = (int32_t) prompt.size();
+        ev.processed = processed;
+        c.queue.push(std::move(ev));
+    };
+    if (s.n_prefilled == 0) progress(0);
     int32_t i_last = -1;  // plain: the row of the last prompt token in this chunk
     if (s.n_prefilled < n_prefix) {
         const int32_t n_batch = (int32_t) std::max<uint32_t>(1, llama_n_batch(ctx_tgt));
@@ -443,11 +451,14 @@ void Engine::prefill_chunk(SeqState & s) {
         }
         if (!ok) throw drafter_error(*core_, "the prompt");
         s.n_prefilled = end;
+        // speculative: the last prompt token goes with the first verify; it counts as processed here
+        progress(end == n_prefix ? (int32_t) prompt.size() : end);
     }
     const double us = us_since(t0);
     s.delta.prefill_us += us;
     shared_.prefill_us += us;
     if (s.n_prefilled < n_prefix) return;  // more chunks next iteration
+    if (n_prefix == 0) progress((int32_t) prompt.size());  // a one-token prompt of a speculative call
     for (llama_token t : prompt) common_sampler_accept(c.smpl.get(), t, false);
     if (spec) {
         s.prompt_tgt.assign(prompt.begin(), prompt.end() - 1);
@@ -485,12 +496,14 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     for (SeqState * s : ready) {
         CallState & c = s->c();
         const int32_t remaining = c.req.max_tokens - c.stats.tokens;
-        const int32_t wanted = policy ? policy->choose() : n_draft;
+        int32_t wanted = policy ? policy->choose() : n_draft;
+        if (c.req.draft_max >= 0) wanted = std::min(wanted, c.req.draft_max);  // the call's own cap
         const int32_t room = std::min(remaining - 1, n_ctx - (int32_t) s->n_past - 2);
         s->n_max = std::max(0, std::min(wanted, room));
         // a shadow draft (n_draft="auto", plain step): drafted, compared with what the plain step
         // samples, never verified
-        s->shadow = policy && s->n_max == 0 && policy->shadow() && policy->shadow_length() <= room;
+        s->shadow = policy && c.req.draft_max != 0 && s->n_max == 0 && policy->shadow() &&
+                    policy->shadow_length() <= std::min(room, c.req.draft_max < 0 ? room : c.req.draft_max);
         const int32_t n_ask = s->shadow ? policy->shadow_length() : s->n_max;
         ++s->delta.draft_length_histogram[(size_t) s->n_max];
         s->draft.clear();

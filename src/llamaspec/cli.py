@@ -1,0 +1,76 @@
+"""The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``serve``.
+
+Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _serve(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .server import config_from_args, create_app
+    except ImportError as e:
+        print(
+            f"llamaspec serve needs the server extra: pip install 'llamaspec[server]' ({e})", file=sys.stderr
+        )
+        return 1
+    cfg = config_from_args(p, a)
+    logging.basicConfig(
+        level=logging.INFO if cfg.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("llamaspec.server").setLevel(logging.INFO)
+    if cfg.host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
+        logging.getLogger("llamaspec.server").warning(
+            "binding to %s without --api-key: anyone who reaches this address can use the model", cfg.host
+        )
+    app = create_app(cfg)
+    uvicorn.run(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level="info" if cfg.verbose else "warning",
+        timeout_graceful_shutdown=3,
+        access_log=cfg.verbose,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    p = argparse.ArgumentParser(
+        prog="llamaspec", description="Run GGUF models on llama.cpp with speculative decoding."
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sp = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server",
+        description="Serve a GGUF model over an OpenAI-compatible HTTP API "
+        "(/v1/chat/completions, /v1/completions, /completion, /metrics, ...).",
+    )
+    try:
+        from .server.config import add_serve_arguments
+
+        add_serve_arguments(sp)
+        have_server = True
+    except ImportError:
+        have_server = False
+    a = p.parse_args(argv)
+    if a.command == "serve":
+        if not have_server:
+            print("llamaspec serve needs the server extra: pip install 'llamaspec[server]'", file=sys.stderr)
+            return 1
+        return _serve(sp, a)
+    p.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

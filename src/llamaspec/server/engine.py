@@ -1,0 +1,193 @@
+"""The served model: one Model, one session with ``n_seq`` sequences, a FIFO queue in front of it, and
+the counters /metrics and /slots read.
+
+Requests never see BusyError: up to ``n_seq`` run at once (they share every decode pass, as the
+session's engine batches them), the next ``queue`` wait in arrival order, and beyond that ``QueueFull``
+(HTTP 503 with Retry-After). A request whose consumer goes away (a client that disconnects cancels
+the task reading the stream) ends its call within one engine step: ``astream_events`` cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..events import Done, Event, GenerationStats, Token
+from ..generator import Generator
+from ..model import Model
+from ..speculative import Speculative
+from .config import ServerConfig
+
+
+class QueueFull(Exception):
+    """Every sequence is busy and the wait queue is full."""
+
+
+@dataclass
+class Slot:
+    """What /slots shows of one sequence."""
+
+    id: int
+    id_task: int = -1
+    is_processing: bool = False
+    n_prompt_tokens: int = 0
+    n_decoded: int = 0
+    n_remain: int = -1
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Totals:
+    """Server-wide counters since start (what /metrics exports)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    predicted_tokens: int = 0
+    predicted_seconds: float = 0.0
+    drafts_generated: int = 0
+    drafts_accepted: int = 0
+    verify_steps: int = 0
+    n_tokens_max: int = 0
+    last_prompt_rate: float = 0.0
+    last_predicted_rate: float = 0.0
+
+    def add(self, st: GenerationStats) -> None:
+        self.requests += 1
+        self.prompt_tokens += st.prompt_tokens
+        self.prompt_seconds += st.prefill_time
+        self.predicted_tokens += st.tokens
+        self.predicted_seconds += st.generation_time
+        self.drafts_generated += st.drafts_generated
+        self.drafts_accepted += st.drafts_accepted
+        self.verify_steps += st.iterations
+        self.n_tokens_max = max(self.n_tokens_max, st.prompt_tokens + st.tokens)
+        if st.prefill_time > 0:
+            self.last_prompt_rate = st.prompt_tokens / st.prefill_time
+        self.last_predicted_rate = st.tokens_per_second
+
+
+def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculative, str, int]:
+    """The session the server runs on: (session, method name or "none", context per sequence)."""
+    n_ctx_total = cfg.n_ctx or min(model.n_ctx_train or 4096, 16384)
+    n_ctx_seq = max(n_ctx_total // cfg.n_seq, 8)
+    opts: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("n_threads", cfg.n_threads),
+            ("n_threads_batch", cfg.n_threads_batch),
+            ("n_batch", cfg.n_batch),
+            ("n_ubatch", cfg.n_ubatch),
+        )
+        if v is not None
+    }
+    method = cfg.method
+    if method is None:
+        method = "mtp" if model.has_mtp else ("draft" if cfg.draft_model else "none")
+    if method == "none" or cfg.n_draft == 0:
+        return Generator(model, n_seq=cfg.n_seq, n_ctx=n_ctx_seq, **opts), "none", n_ctx_seq
+    spec = Speculative(
+        model,
+        method=method,
+        n_draft=cfg.n_draft,
+        n_draft_min=cfg.n_draft_min,
+        p_min=cfg.p_min,
+        draft_model=cfg.draft_model,
+        n_ctx=n_ctx_seq,
+        n_seq=cfg.n_seq,
+        **opts,
+    )
+    return spec, method, n_ctx_seq
+
+
+class ServedModel:
+    """The model, its session and the queue in front of it. Create and use on the event loop."""
+
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        model: Model,
+        session: Generator | Speculative,
+        method: str,
+        n_ctx_seq: int,
+        chat_template: str | None,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.session = session
+        self.method = method
+        self.n_ctx_seq = n_ctx_seq
+        self.chat_template = chat_template
+        self.started = time.time()
+        self.slots = [Slot(i) for i in range(cfg.n_seq)]
+        self.totals = Totals()
+        self.waiting = 0
+        self._free = asyncio.Semaphore(cfg.n_seq)  # FIFO: asyncio wakes waiters in arrival order
+        self._next_task = 0
+
+    @functools.cached_property
+    def eog_ids(self) -> list[int]:
+        """Every end-of-generation token id (for ignore_eos)."""
+        return [i for i in range(self.model.n_vocab) if self.model.is_eog(i)]
+
+    @property
+    def processing(self) -> int:
+        """Requests decoding now."""
+        return sum(s.is_processing for s in self.slots)
+
+    async def generate(
+        self, tokens: list[int], max_tokens: int, sampling: dict[str, Any], progress: bool = False
+    ) -> AsyncIterator[Event]:
+        """Queue, then run one call; yields its events (PromptProgress* when ``progress``, Token*,
+        EndOfGeneration?, Done).
+
+        Raises:
+            QueueFull: every sequence is busy and ``cfg.queue`` requests already wait.
+        """
+        if self._free.locked() and self.waiting >= self.cfg.queue:
+            raise QueueFull
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
+        slot = next(s for s in self.slots if not s.is_processing)
+        self._next_task += 1
+        slot.id_task, slot.is_processing = self._next_task, True
+        slot.n_prompt_tokens, slot.n_decoded = len(tokens), 0
+        slot.params = {"n_predict": max_tokens, **sampling}
+        opts = dict(sampling)
+        draft_max = opts.pop("draft_max", None)
+        try:
+            agen = self.session.astream_events(
+                tokens,
+                max_tokens,
+                None,
+                prefill_timeout=None,
+                prompt_progress=progress,
+                draft_max=draft_max,
+                **opts,
+            )
+            try:
+                async for ev in agen:
+                    if isinstance(ev, Done):
+                        self.totals.add(ev.stats)
+                    elif isinstance(ev, Token):
+                        slot.n_decoded += 1
+                        slot.n_remain = max_tokens - slot.n_decoded
+                    yield ev
+            finally:
+                await agen.aclose()  # type: ignore[attr-defined]
+        finally:
+            slot.is_processing = False
+            self._free.release()
+
+    def close(self) -> None:
+        """Stop every running call and free the session and the model."""
+        self.session.cancel()
+        self.session.close()
+        self.model.close()

@@ -1,0 +1,277 @@
+"""Request bodies (pydantic: a known field of the wrong type or range is a 400 naming it; unknown fields
+are ignored), their mapping onto llamaspec's sampling options, and the response pieces every endpoint
+shares (usage, timings, errors). Field names and shapes follow OpenAI's API and llama-server's
+(../shared/design/server-spec.md was the checklist)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..events import GenerationStats, PromptProgress
+
+
+class ApiError(Exception):
+    """An error the server answers with ``{"error": {"code", "message", "type", ...}}``."""
+
+    TYPES = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        501: "not_supported_error",
+        503: "unavailable_error",
+    }
+
+    def __init__(self, status: int, message: str, type: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or self.TYPES.get(status, "server_error")
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body."""
+        return {"error": {"code": self.status, "message": self.message, "type": self.type, **self.extra}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class SpeculativeFields(BaseModel):
+    """Per-request speculation (llama-server compiles these out)."""
+
+    model_config = ConfigDict(extra="ignore")
+    n_max: int | None = Field(None, ge=0)
+    p_min: float | None = Field(None, ge=0.0, le=1.0)
+
+
+class Sampling(BaseModel):
+    """The fields every completion endpoint shares."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=-1)
+    max_completion_tokens: int | None = Field(None, ge=-1)
+    n_predict: int | None = Field(None, ge=-1)
+    n: int = Field(1, ge=1, le=16)
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = None
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    typical_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(None, gt=0.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    logit_bias: dict[str, float | bool] | list[list[Any]] | None = None
+    grammar: str | None = None
+    ignore_eos: bool = False
+    timings_per_token: bool = False
+    return_progress: bool = False
+    verbose: bool = False
+    speculative: SpeculativeFields | None = None
+
+    def limit(self, default: int) -> int:
+        """The requested maximum of generated tokens (-1: no limit but the context)."""
+        for v in (self.max_completion_tokens, self.max_tokens, self.n_predict):
+            if v is not None:
+                return v
+        return default
+
+    def options(
+        self, defaults: dict[str, Any], n_vocab: int, tokenize: Callable[[str, bool, bool], list[int]]
+    ) -> dict[str, Any]:
+        """llamaspec sampling options: the server's defaults, then this request's fields."""
+        out = dict(defaults)
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "typical_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repeat_penalty",
+            "grammar",
+        ):
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = v
+        if self.repeat_last_n is not None:
+            out["penalty_last_n"] = self.repeat_last_n
+        if self.seed is not None:
+            if self.seed < 0:
+                out.pop("seed", None)  # llama-server's -1: random
+            else:
+                out["seed"] = self.seed % 0xFFFFFFFF
+        if self.stop is not None:
+            out["stop"] = [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+        if self.logit_bias:
+            out["logit_bias"] = _logit_bias(self.logit_bias, n_vocab, tokenize)
+        return out
+
+
+def _logit_bias(
+    v: dict[str, float | bool] | list[list[Any]],
+    n_vocab: int,
+    tokenize: Callable[[str, bool, bool], list[int]],
+) -> dict[int, float]:
+    """OpenAI's {"token id": bias} or llama-server's [[id, bias], ...]; false bans a token. A key that
+    is text rather than an id biases each of its tokens (as llama-server does)."""
+    pairs = list(v.items()) if isinstance(v, dict) else [tuple(p) for p in v]
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            raise ApiError(400, "logit_bias: each entry must be [token id, bias]")
+        k, b = pair
+        if b is False:
+            bias = -math.inf
+        elif isinstance(b, (int, float)) and not isinstance(b, bool) and not math.isnan(b):
+            bias = float(b)
+        else:
+            raise ApiError(400, f"logit_bias[{k!r}]: {b!r} is not a number or false")
+        if isinstance(k, int) and not isinstance(k, bool):
+            toks = [k]
+        elif isinstance(k, str) and k.strip().lstrip("-").isdigit():
+            toks = [int(k)]
+        elif isinstance(k, str):
+            toks = tokenize(k, False, False)
+        else:
+            raise ApiError(400, f"logit_bias: {k!r} is neither a token id nor text")
+        for tok in toks:
+            if not 0 <= tok < n_vocab:
+                raise ApiError(400, f"logit_bias: token id {tok} is out of range")
+            out[tok] = bias
+    return out
+
+
+class ChatRequest(Sampling):
+    messages: list[dict[str, Any]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not v:
+            raise ValueError("messages must not be empty")
+        for i, m in enumerate(v):
+            role = m.get("role")
+            if not isinstance(role, str) or not role:
+                raise ValueError(f"messages[{i}].role must be a non-empty string")
+            content = m.get("content")
+            if content is None:
+                if role != "assistant" or not m.get("tool_calls"):
+                    raise ValueError(f"messages[{i}].content is missing")
+            elif isinstance(content, list):
+                for j, part in enumerate(content):
+                    if (
+                        not isinstance(part, dict)
+                        or part.get("type") != "text"
+                        or not isinstance(part.get("text"), str)
+                    ):
+                        raise ValueError(
+                            f"messages[{i}].content[{j}] must be {{'type': 'text', 'text': str}} "
+                            "(this server takes text only)"
+                        )
+            elif not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+        if len(v) >= 2 and v[-1]["role"] == "assistant" and v[-2]["role"] == "assistant":
+            raise ValueError("the last two messages are both from the assistant")
+        return v
+
+
+class CompletionRequest(Sampling):
+    """/v1/completions and llama-server's /completion (its ``content`` is an alias of ``prompt``)."""
+
+    prompt: Any = None
+    content: Any = None
+    return_tokens: bool = False
+    response_fields: list[str] | None = None
+
+    @field_validator("prompt", "content")
+    @classmethod
+    def _check_prompt(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (str, list, dict)):
+            raise ValueError("expected a string, token ids, an object or a list")
+        return v
+
+    def prompt_value(self) -> Any:
+        """The prompt, from ``prompt`` or ``content``."""
+        v = self.prompt if self.prompt is not None else self.content
+        if v is None:
+            raise ApiError(400, "prompt is required")
+        return v
+
+
+def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
+    """llama-server's ``timings`` (the first token is free: the rate is over n - 1 steps), and ours."""
+    n = st.tokens
+    prompt_ms = st.prefill_time * 1e3
+    predicted_ms = st.generation_time * 1e3
+    out: dict[str, Any] = {
+        "cache_n": 0,
+        "prompt_n": st.prompt_tokens,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / st.prompt_tokens if st.prompt_tokens else 0.0,
+        "prompt_per_second": st.prompt_tokens / st.prefill_time if st.prefill_time > 0 else 0.0,
+        "predicted_n": n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / (n - 1) if n > 1 and predicted_ms > 0 else 0.0,
+        "predicted_per_second": 1e3 / predicted_ms * (n - 1) if n > 1 and predicted_ms > 0 else 0.0,
+    }
+    if spec:
+        out["draft_n"] = st.drafts_generated
+        out["draft_n_accepted"] = st.drafts_accepted
+        out["acceptance_rate"] = st.drafts_accepted / st.drafts_generated if st.drafts_generated else 0.0
+        out["verify_steps"] = st.iterations
+        out["mean_accepted_length"] = (n - 1) / st.iterations if st.iterations else 0.0
+    return out
+
+
+def progress(ev: PromptProgress) -> dict[str, Any]:
+    """llama-server's ``prompt_progress`` and ``timings`` of a streamed progress chunk."""
+    ms = ev.prompt_time * 1e3
+    return {
+        "prompt_progress": {"total": ev.total, "cache": 0, "processed": ev.processed, "time_ms": ms},
+        "timings": {
+            "cache_n": 0,
+            "prompt_n": ev.processed,
+            "prompt_ms": ms,
+            "prompt_per_token_ms": ms / ev.processed if ev.processed else 0.0,
+            "prompt_per_second": ev.processed / ev.prompt_time if ev.prompt_time > 0 else 0.0,
+            "predicted_n": 0,
+            "predicted_ms": 0.0,
+            "predicted_per_token_ms": 0.0,
+            "predicted_per_second": 0.0,
+        },
+    }
+
+
+def usage(calls: list[GenerationStats], one_prompt: bool = False) -> dict[str, Any]:
+    """OpenAI's ``usage`` of a request's calls; ``one_prompt``: they are choices of one prompt, which
+    counts once."""
+    prompt = calls[0].prompt_tokens if one_prompt else sum(st.prompt_tokens for st in calls)
+    completion = sum(st.tokens for st in calls)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def finish_reason(st: GenerationStats) -> Literal["stop", "length"]:
+    """OpenAI's finish_reason for a finished call."""
+    return "length" if st.finish_reason == "length" else "stop"

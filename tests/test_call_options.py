@@ -1,0 +1,75 @@
+"""Per-call options beside sampling: ``draft_max`` (this call's longest draft) and ``prompt_progress``
+(PromptProgress events while the prompt is decoded)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import llamaspec
+from llamaspec import InvalidOptionError, PromptProgress, Token
+
+pytestmark = pytest.mark.real_model
+
+PROMPT = "Here is a list of fruits: apple, banana, cherry. Repeat the list three times:"
+
+
+def greedy(session: Any, **kw: Any) -> tuple[list[int], llamaspec.GenerationStats]:
+    events = list(session.stream_events(PROMPT, 40, temperature=0, **kw))
+    return [e.id for e in events if isinstance(e, Token)], events[-1].stats
+
+
+def test_draft_max_changes_speed_not_output(smol: llamaspec.Model) -> None:
+    with llamaspec.Generator(smol, n_ctx=512, n_threads=2) as plain:
+        want, _ = greedy(plain)
+        assert greedy(plain, draft_max=0)[0] == want  # a plain session has nothing to cap
+    kw: dict[str, Any] = {"method": "draft", "draft_model": smol, "n_draft": 4, "n_ctx": 512, "n_threads": 2}
+    with llamaspec.Speculative(smol, **kw) as spec:
+        for cap in (None, 0, 1, 2, 4, 9):
+            ids, st = greedy(spec, draft_max=cap)
+            assert ids == want, cap
+            limit = 4 if cap is None else min(cap, 4)
+            assert st.drafts_generated <= limit * st.iterations, (cap, st)
+            if limit == 0:
+                assert st.drafts_generated == 0 and st.iterations >= st.tokens  # one verify per token
+            else:
+                assert st.drafts_accepted > 0, cap
+        seeded = [spec.generate(PROMPT, 24, temperature=0.8, seed=3, draft_max=c) for c in (0, 3)]
+        assert seeded[0] == seeded[1]
+
+
+def test_prompt_progress_events(smol: llamaspec.Model) -> None:
+    spec: dict[str, Any] = {"method": "draft", "draft_model": smol}
+    for cls, kw in ((llamaspec.Generator, {}), (llamaspec.Speculative, spec)):
+        with cls(smol, n_ctx=512, n_batch=16, n_threads=2, **kw) as s:
+            n = len(smol.tokenize(PROMPT, parse_special=True))
+            events = list(s.stream_events(PROMPT, 4, temperature=0, prompt_progress=True))
+            prog = [e for e in events if isinstance(e, PromptProgress)]
+            first_token = next(i for i, e in enumerate(events) if isinstance(e, Token))
+            assert all(isinstance(e, PromptProgress) for e in events[:len(prog)]) and len(prog) <= first_token
+            assert prog[0].processed == 0 and prog[0].prompt_time == 0.0
+            assert [p.processed for p in prog] == sorted({p.processed for p in prog})
+            assert prog[-1].processed == n
+            assert all(p.total == n for p in prog) and len(prog) >= 1 + n // 16
+            assert [p.prompt_time for p in prog] == sorted(p.prompt_time for p in prog)
+            # the same tokens with and without progress events; none unless asked
+            plain = list(s.stream_events(PROMPT, 4, temperature=0))
+            assert not any(isinstance(e, PromptProgress) for e in plain)
+            assert [e for e in plain if isinstance(e, Token)] == [e for e in events if isinstance(e, Token)]
+
+            async def count() -> int:
+                return sum([isinstance(e, PromptProgress) async for e in
+                            s.astream_events(PROMPT, 2, temperature=0, prompt_progress=True)])
+
+            assert asyncio.run(count()) == len(prog)
+
+
+def test_call_options_are_checked(smol: llamaspec.Model) -> None:
+    with llamaspec.Generator(smol, n_ctx=256, n_threads=1) as g:
+        for bad in (-1, 1.5, "2", True):
+            with pytest.raises(InvalidOptionError, match="draft_max"):
+                g.generate("hi", 2, draft_max=bad)
+        with pytest.raises(InvalidOptionError, match="prompt_progress"):
+            list(g.stream_events("hi", 2, prompt_progress=1))  # type: ignore[arg-type]
