@@ -10,7 +10,9 @@ the task reading the stream) ends its call within one engine step: ``astream_eve
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +23,19 @@ from ..generator import Generator
 from ..model import Model
 from ..speculative import Speculative
 from .config import ServerConfig
+from .protocol import ApiError, Sampling
+
+
+@dataclass(frozen=True)
+class Call:
+    """One generation call of a request: prompt ids, the exact token limit, sampling options, the
+    call's draft cap (None: the session's) and whether to stream prompt progress."""
+
+    ids: list[int]
+    max_tokens: int
+    sampling: dict[str, Any]
+    draft_max: int | None = None
+    progress: bool = False
 
 
 class QueueFull(Exception):
@@ -139,10 +154,55 @@ class ServedModel:
         """Requests decoding now."""
         return sum(s.is_processing for s in self.slots)
 
-    async def generate(
-        self, tokens: list[int], max_tokens: int, sampling: dict[str, Any], progress: bool = False
-    ) -> AsyncIterator[Event]:
-        """Queue, then run one call; yields its events (PromptProgress* when ``progress``, Token*,
+    def plan(self, ids: list[int], req: Sampling, n: int = 1) -> list[Call]:
+        """The calls of a request for one prompt (n choices), or an ApiError: the prompt and its ids
+        are checked, max_tokens is capped at the context, sampling is the server's defaults with the
+        request's fields over them. With a seed, choice i samples with seed + i (the choices differ
+        and the request stays reproducible)."""
+        if not ids:
+            raise ApiError(400, "the prompt is empty")
+        for i in ids:
+            if not 0 <= i < self.model.n_vocab:
+                raise ApiError(400, f"token id {i} is out of range")
+        room = self.n_ctx_seq - len(ids)
+        if room <= 0:
+            raise ApiError(
+                400,
+                f"the request exceeds the available context size ({len(ids)} prompt tokens, "
+                f"context {self.n_ctx_seq} per sequence)",
+                type="exceed_context_size_error",
+                n_prompt_tokens=len(ids),
+                n_ctx=self.n_ctx_seq,
+            )
+        limit = req.limit(self.cfg.n_predict)
+        if limit == 0:
+            raise ApiError(400, "max_tokens must be >= 1")
+        if limit < 0 or limit > room:
+            limit = room
+        spec = req.speculative
+        if spec is not None and spec.p_min is not None and spec.p_min != self.cfg.p_min:
+            raise ApiError(
+                501,
+                f"speculative.p_min per request is not supported yet (the server's is "
+                f"{self.cfg.p_min}); speculative.n_max is",
+            )
+        sampling = req.options(self.cfg.sampling, self.model.n_vocab, self.model.tokenize)
+        if req.ignore_eos:  # llama-server's field: end-of-generation tokens are never sampled
+            sampling["logit_bias"] = {
+                **{t: -math.inf for t in self.eog_ids},
+                **sampling.get("logit_bias", {}),
+            }
+        call = Call(ids, limit, sampling, spec.n_max if spec is not None else None, req.return_progress)
+        seed = sampling.get("seed")
+        if n == 1 or seed is None:
+            return [call] * n
+        return [
+            dataclasses.replace(call, sampling={**sampling, "seed": (seed + i) % 0xFFFFFFFF})
+            for i in range(n)
+        ]
+
+    async def generate(self, call: Call) -> AsyncIterator[Event]:
+        """Queue, then run one call; yields its events (PromptProgress* when asked for, Token*,
         EndOfGeneration?, Done).
 
         Raises:
@@ -158,19 +218,17 @@ class ServedModel:
         slot = next(s for s in self.slots if not s.is_processing)
         self._next_task += 1
         slot.id_task, slot.is_processing = self._next_task, True
-        slot.n_prompt_tokens, slot.n_decoded = len(tokens), 0
-        slot.params = {"n_predict": max_tokens, **sampling}
-        opts = dict(sampling)
-        draft_max = opts.pop("draft_max", None)
+        slot.n_prompt_tokens, slot.n_decoded, slot.n_remain = len(call.ids), 0, call.max_tokens
+        slot.params = {"n_predict": call.max_tokens, **call.sampling}
         try:
             agen = self.session.astream_events(
-                tokens,
-                max_tokens,
+                call.ids,
+                call.max_tokens,
                 None,
                 prefill_timeout=None,
-                prompt_progress=progress,
-                draft_max=draft_max,
-                **opts,
+                prompt_progress=call.progress,
+                draft_max=call.draft_max,
+                **call.sampling,
             )
             try:
                 async for ev in agen:
@@ -178,7 +236,7 @@ class ServedModel:
                         self.totals.add(ev.stats)
                     elif isinstance(ev, Token):
                         slot.n_decoded += 1
-                        slot.n_remain = max_tokens - slot.n_decoded
+                        slot.n_remain = call.max_tokens - slot.n_decoded
                     yield ev
             finally:
                 await agen.aclose()  # type: ignore[attr-defined]

@@ -6,11 +6,15 @@ shares (usage, timings, errors). Field names and shapes follow OpenAI's API and 
 from __future__ import annotations
 
 import math
+import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .. import __version__
 from ..events import GenerationStats, PromptProgress
 
 
@@ -213,6 +217,45 @@ class CompletionRequest(Sampling):
         if v is None:
             raise ApiError(400, "prompt is required")
         return v
+
+
+@dataclass
+class Envelope:
+    """What every response and chunk of one OpenAI-style request shares (id, object, created, model)."""
+
+    object: str  # "chat.completion" or "text_completion"
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = ("chatcmpl-" if self.object == "chat.completion" else "cmpl-") + uuid.uuid4().hex
+
+    def __call__(self, chunk: bool = False, **fields: Any) -> dict[str, Any]:
+        """A response (or, with chunk, a stream chunk) with these fields."""
+        obj = self.object + (".chunk" if chunk and self.object == "chat.completion" else "")
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": f"llamaspec-{__version__}",
+            **fields,
+        }
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[int]
 
 
 def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
