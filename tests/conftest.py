@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,17 @@ class Ticker:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@pytest.fixture
+def armed_fault() -> Iterator[Any]:
+    """Arms a native fault (src/native/faults.cpp) for one test and always disarms it."""
+    names: list[str] = []
+
+    def arm(name: str, n: int) -> None:
+        names.append(name)
+        llamaspec._native._inject_fault(name, n)
+
+    yield arm
+    for name in names:
+        llamaspec._native._inject_fault(name, 0)

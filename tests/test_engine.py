@@ -7,7 +7,6 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,20 +24,6 @@ PROMPTS = [
     "List three colours:",
     "Once upon a time, in a small village,",
 ]
-
-
-@pytest.fixture
-def armed_fault() -> Iterator[Any]:
-    """Arms a native fault for one test and always disarms it."""
-    names: list[str] = []
-
-    def arm(name: str, n: int) -> None:
-        names.append(name)
-        llamaspec._native._inject_fault(name, n)
-
-    yield arm
-    for name in names:
-        llamaspec._native._inject_fault(name, 0)
 
 
 # -- one engine: plain sessions of several sequences ------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import llamaspec
-from .server_util import Server, running, start_server
+
+from .server_util import Server, free_port, running, serve_command, start_server
 
 pytestmark = pytest.mark.real_model
 
@@ -493,3 +496,79 @@ def test_server_survives_the_fuzz(plain: Server) -> None:
     assert (
         client(plain).completions.create(model="x", prompt=PROMPT, max_tokens=2).choices[0].text is not None
     )
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*serve_command(), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_usage_errors_exit_2(smol_path: str) -> None:
+    r = run_cli("serve")
+    assert r.returncode == 2 and "a model is required" in r.stderr
+    r = run_cli("serve", smol_path, "--n-draft", "auto", "-np", "2")
+    assert r.returncode == 2 and "needs -np 1" in r.stderr
+    r = run_cli("serve", smol_path, "--spec-type", "bogus")
+    assert r.returncode == 2 and "unknown speculative method 'bogus'" in r.stderr
+    r = run_cli("serve", smol_path, "--port", "x")
+    assert r.returncode == 2
+    r = run_cli("serve", smol_path, "--unknown-flag")
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
+    r = run_cli()
+    assert r.returncode == 2
+
+
+def test_cli_help_and_module_entry() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "llamaspec", "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0
+    for flag in (
+        "--api-key",
+        "-np",
+        "--spec-type",
+        "--draft-max",
+        "--metrics",
+        "--chat-template-file",
+        "-ngl",
+    ):
+        assert flag in r.stdout, flag
+
+
+def test_cli_model_that_does_not_load_exits_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    r = run_cli("serve", str(bad), "--port", str(free_port()))
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("llamaspec serve: cannot load") and "Traceback" not in r.stderr
+
+
+def test_chat_template_file_and_api_key_file(smol_path: str, logs: Path, tmp_path: Path) -> None:
+    tmpl = tmp_path / "t.jinja"
+    tmpl.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] ")
+    keys = tmp_path / "keys"
+    keys.write_text("\nkey-one\nkey-two\n")
+    with running(
+        smol_path,
+        "--chat-template-file",
+        str(tmpl),
+        "--api-key-file",
+        str(keys),
+        "-np",
+        "1",
+        "-c",
+        "512",
+        log_dir=logs,
+    ) as s:
+        h = {"Authorization": "Bearer key-two"}
+        r = httpx.post(f"{s.url}/apply-template", json={"messages": CHAT}, headers=h).json()
+        assert r["prompt"] == "[system] You are a helpful assistant.\n[user] Name three rivers.\n[assistant] "
+        assert (
+            httpx.get(f"{s.url}/props", headers={"X-Api-Key": "key-one"})
+            .json()["chat_template"]
+            .startswith("{% for m in messages %}")
+        )
+        assert httpx.get(f"{s.url}/props").status_code == 401

@@ -31,15 +31,29 @@ def _serve(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         logging.getLogger("llamaspec.server").warning(
             "binding to %s without --api-key: anyone who reaches this address can use the model", cfg.host
         )
-    app = create_app(cfg)
-    uvicorn.run(
-        app,
-        host=cfg.host,
-        port=cfg.port,
-        log_level="info" if cfg.verbose else "warning",
-        timeout_graceful_shutdown=3,
-        access_log=cfg.verbose,
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def load_failed(e: BaseException) -> None:
+        failed.append(e)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(cfg, on_load_error=load_failed)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=cfg.host,
+            port=cfg.port,
+            timeout_graceful_shutdown=3,
+            log_level="info" if cfg.verbose else "warning",
+            access_log=cfg.verbose,
+        )
     )
+    server.run()
+    if failed:
+        print(f"llamaspec serve: cannot load {cfg.model}: {failed[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -157,9 +157,13 @@ def _pick(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def create_app(cfg: ServerConfig, served: ServedModel | None = None) -> FastAPI:
+def create_app(
+    cfg: ServerConfig,
+    served: ServedModel | None = None,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
     """The application for ``cfg``. Without ``served`` it loads the model at start-up (``/health``
-    answers 503 until it is ready)."""
+    answers 503 until it is ready); a load that fails calls ``on_load_error`` (the command exits)."""
     state: dict[str, Any] = {"served": served, "load_error": None}
     keys = [k.encode() for k in cfg.api_key]
 
@@ -171,7 +175,9 @@ def create_app(cfg: ServerConfig, served: ServedModel | None = None) -> FastAPI:
             if cfg.chat_template_file:
                 with open(cfg.chat_template_file, encoding="utf-8") as f:
                     template = f.read()
-            state["served"] = ServedModel(cfg, model, session, method, n_ctx_seq, template)
+            served = ServedModel(cfg, model, session, method, n_ctx_seq, template)
+            await asyncio.to_thread(lambda: served.eog_ids)  # a scan of the vocabulary, off the loop
+            state["served"] = served
             logger.info(
                 "llamaspec serve: %s ready (%s, %d sequences of %d tokens) on http://%s:%d",
                 cfg.model,
@@ -181,9 +187,10 @@ def create_app(cfg: ServerConfig, served: ServedModel | None = None) -> FastAPI:
                 cfg.host,
                 cfg.port,
             )
-        except Exception as e:  # reported by /health and every route; the process stays up
+        except Exception as e:  # reported by /health and every route until the command exits
             state["load_error"] = e
-            logger.error("llamaspec serve: cannot load %s: %s", cfg.model, e)
+            if on_load_error is not None:
+                on_load_error(e)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._options import normalize_methods
+from ..errors import InvalidOptionError
 from ..speculative import METHODS
 
 
@@ -63,12 +65,13 @@ def _n_draft(v: str) -> int | str:
 
 
 def _method(v: str) -> str:
+    """'none', a method name or a comma-separated chain of them (llama-server's --spec-type)."""
     if v in ("none", "plain"):
         return "none"
-    known = METHODS + ("draft-simple", "draft-mtp", "draft-eagle3")
-    if v not in known:
-        raise argparse.ArgumentTypeError(f"unknown method {v!r}; known: none, {', '.join(METHODS)}")
-    return {"draft-simple": "draft", "draft-mtp": "mtp", "draft-eagle3": "eagle3"}.get(v, v)
+    try:
+        return ",".join(normalize_methods([n.strip() for n in v.split(",")]))
+    except InvalidOptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -161,7 +164,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="drafter: none, " + ", ".join(METHODS) + " (default: mtp when the model has MTP "
         "layers, draft with --draft-model, else none)",
     )
-    spec.add_argument("-md", "--draft-model", "--model-draft", dest="draft_model", help="a draft model GGUF")
+    spec.add_argument(
+        "-md",
+        "--draft-model",
+        "--model-draft",
+        "--spec-draft-model",
+        dest="draft_model",
+        help="a draft model GGUF",
+    )
     spec.add_argument(
         "--n-draft",
         "--draft-max",
@@ -175,6 +185,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     spec.add_argument(
         "--draft-min",
+        "--draft-n-min",
         "--spec-draft-n-min",
         dest="n_draft_min",
         type=int,

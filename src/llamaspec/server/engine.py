@@ -107,7 +107,7 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
         return Generator(model, n_seq=cfg.n_seq, n_ctx=n_ctx_seq, **opts), "none", n_ctx_seq
     spec = Speculative(
         model,
-        method=method,
+        method=method.split(","),
         n_draft=cfg.n_draft,
         n_draft_min=cfg.n_draft_min,
         p_min=cfg.p_min,

@@ -1,0 +1,234 @@
+"""`llamaspec serve` vs the library in-process vs llama-server, side by side in one run.
+
+On the MTP speed fixture (qwen35, ~74% acceptance at n_draft 3 by default), greedy, ignore-EOS:
+
+- one client: tokens/s a client sees (streamed; (tokens - 1) / first-to-last-token time, timed by
+  the client) for the library (MTP session, stream_events), `llamaspec serve` (/v1/completions,
+  SSE) and llama-server (/completion, SSE), same MTP settings, 1 and 2 threads; and the time to the
+  first token of each (the server's added TTFT = ours over HTTP minus the library).
+- several clients: N clients at once (-np N on both servers), each N tokens; aggregate tokens/s =
+  all tokens / wall time from the first request to the last end.
+
+Every repetition runs the sides back to back in alternating order; medians of --runs, and the median
+of per-repetition ratios (which cancels the machine's drift).
+
+Usage: python bench/server.py [--runs 5] [--threads 1 2] [--clients 4 8] [--tokens 128] [--level ~74%]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+import llamaspec
+from llamaspec_fixtures import SPEED, write_qwen35_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mtp_speed import LEVELS, _free_port  # noqa: E402
+from upstream import build_tools, emit_report, timed  # noqa: E402
+
+Measure = tuple[float, float, int]  # (tokens/s, seconds to the first token, tokens)
+
+
+def rate(t_start: float, times: list[float]) -> Measure:
+    n = len(times)
+    r = (n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else 0.0
+    return r, times[0] - t_start if times else float("nan"), n
+
+
+def library_stream(session: llamaspec.Speculative, prompt: list[int], n: int) -> Measure:
+    times: list[float] = []
+    t0 = time.perf_counter()
+    for ev in session.stream_events(prompt, n, temperature=0):
+        if isinstance(ev, llamaspec.Token):
+            times.append(time.perf_counter())
+    return rate(t0, times)
+
+
+def sse_stream(h: httpx.Client, url: str, body: dict[str, object], text_of: Callable[[dict], str]) -> Measure:
+    """Stream one request; a time per chunk that carries text (one token each on both servers)."""
+    times: list[float] = []
+    t0 = time.perf_counter()
+    with h.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if text_of(chunk):
+                times.append(time.perf_counter())
+    return rate(t0, times)
+
+
+def ours_text(chunk: dict) -> str:
+    return chunk["choices"][0]["text"] if chunk.get("choices") else ""
+
+
+def upstream_text(chunk: dict) -> str:
+    return "" if chunk.get("stop") else chunk.get("content", "")
+
+
+@contextmanager
+def server(cmd: list[str], port: int) -> Iterator[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{cmd[0]} did not start ({proc.returncode})")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def ours_cmd(model: str, port: int, threads: int, n_seq: int, n_draft: int) -> list[str]:
+    return [sys.executable, "-m", "llamaspec", "serve", model, "--port", str(port), "-t", str(threads),
+            "-tb", str(threads), "-c", str(1024 * n_seq), "-np", str(n_seq), "--method", "mtp",
+            "--n-draft", str(n_draft)]
+
+
+def upstream_cmd(bin_dir: Path, model: str, port: int, threads: int, n_seq: int, n_draft: int) -> list[str]:
+    return [str(bin_dir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-tb", str(threads), "-c", str(1024 * n_seq), "-np", str(n_seq), "--no-webui",
+            "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
+
+
+def concurrent(n: int, one: Callable[[], Measure]) -> float:
+    """Aggregate tokens/s of n clients started together."""
+    results: list[Measure] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        m = one()
+        with lock:
+            results.append(m)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return sum(m[2] for m in results) / wall
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--clients", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--client-threads", type=int, default=2, help="threads of the servers with several clients")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--n-draft", type=int, default=3)
+    ap.add_argument("--level", choices=list(LEVELS), default="~74%")
+    ap.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent / "build" / "fixtures")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+
+    bin_dir = build_tools("llama-server")
+    args.fixtures.mkdir(parents=True, exist_ok=True)
+    path = args.fixtures / f"speed-mtp-{LEVELS[args.level]}.gguf"
+    info = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=LEVELS[args.level])
+    model = llamaspec.Model(path)
+    prompt_ids = list(info.cycle[:8])  # on the cycle: every draft is as designed
+    prompt = model.detokenize(prompt_ids)
+    n = args.tokens
+    ours_body = {"prompt": prompt_ids, "max_tokens": n, "temperature": 0, "stream": True, "ignore_eos": True}
+    up_body = {"prompt": prompt_ids, "n_predict": n, "temperature": 0, "stream": True, "ignore_eos": True,
+               "cache_prompt": False}
+    lines = [f"speed fixture (qwen35, {SPEED.n_trunk} trunk layers, n_embd {SPEED.n_embd}, F16), MTP n_draft "
+             f"{args.n_draft}, {args.level} acceptance, {n} tokens greedy, prompt {len(prompt_ids)} tokens "
+             f"({prompt[:40]!r}...), median of {args.runs} repetitions, sides alternating; client-side rates.",
+             "", "## One client", "",
+             "| threads | library tok/s | serve tok/s | llama-server tok/s | serve/library | serve/llama-server "
+             "| TTFT library / serve / llama-server (ms) | serve's added TTFT (ms) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    with httpx.Client(timeout=300) as h:
+        for threads in args.threads:
+            lib = llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=1024, n_threads=threads)
+            library_stream(lib, prompt_ids, 16)
+            po, pu = _free_port(), _free_port()
+            with server(ours_cmd(str(path), po, threads, 1, args.n_draft), po) as ours_url, \
+                    server(upstream_cmd(bin_dir, str(path), pu, threads, 1, args.n_draft), pu) as up_url:
+                sides: dict[str, Callable[[], Measure]] = {
+                    "library": lambda: library_stream(lib, prompt_ids, n),
+                    "serve": lambda: sse_stream(h, ours_url + "/v1/completions", ours_body, ours_text),
+                    "upstream": lambda: sse_stream(h, up_url + "/completion", up_body, upstream_text),
+                }
+                for f in sides.values():
+                    f()  # warm-up
+                got: dict[str, list[Measure]] = {k: [] for k in sides}
+                for rep in range(args.runs):
+                    order = list(sides) if rep % 2 == 0 else list(reversed(sides))
+                    for k in order:
+                        got[k].append(sides[k]())
+                    print(f"  t={threads} rep {rep}: " + ", ".join(f"{k} {got[k][-1][0]:.1f}" for k in sides),
+                          flush=True)
+            lib.close()
+            r = {k: med([m[0] for m in v]) for k, v in got.items()}
+            ttft = {k: med([m[1] for m in v]) * 1e3 for k, v in got.items()}
+            vs_lib = med([a[0] / b[0] for a, b in zip(got["serve"], got["library"])])
+            vs_up = med([a[0] / b[0] for a, b in zip(got["serve"], got["upstream"])])
+            added = med([(a[1] - b[1]) * 1e3 for a, b in zip(got["serve"], got["library"])])
+            lines.append(f"| {threads} | {r['library']:.1f} | {r['serve']:.1f} | {r['upstream']:.1f} | "
+                         f"{r['serve'] / r['library']:.3f}x (pairs {vs_lib:.3f}x) | "
+                         f"{r['serve'] / r['upstream']:.3f}x (pairs {vs_up:.3f}x) | "
+                         f"{ttft['library']:.1f} / {ttft['serve']:.1f} / {ttft['upstream']:.1f} | {added:.1f} |")
+        lines += ["", f"## Several clients ({args.client_threads} threads, -np = clients, {n} tokens each)", "",
+                  "| clients | serve aggregate tok/s | llama-server aggregate tok/s | ratio (pairs) |",
+                  "| --- | --- | --- | --- |"]
+        for clients in args.clients:
+            po, pu = _free_port(), _free_port()
+            t = args.client_threads
+            with server(ours_cmd(str(path), po, t, clients, args.n_draft), po) as ours_url, \
+                    server(upstream_cmd(bin_dir, str(path), pu, t, clients, args.n_draft), pu) as up_url, \
+                    httpx.Client(timeout=300, limits=httpx.Limits(max_connections=64)) as hc:
+                sides2: dict[str, Callable[[], float]] = {
+                    "serve": lambda: concurrent(clients, lambda: sse_stream(
+                        hc, ours_url + "/v1/completions", ours_body, ours_text)),
+                    "upstream": lambda: concurrent(clients, lambda: sse_stream(
+                        hc, up_url + "/completion", up_body, upstream_text)),
+                }
+                for f2 in sides2.values():
+                    f2()
+                agg: dict[str, list[float]] = {k: [] for k in sides2}
+                for rep in range(args.runs):
+                    for k in (list(sides2) if rep % 2 == 0 else list(reversed(sides2))):
+                        agg[k].append(sides2[k]())
+                    print(f"  clients={clients} rep {rep}: " + ", ".join(f"{k} {agg[k][-1]:.1f}" for k in sides2),
+                          flush=True)
+            pairs = med([a / b for a, b in zip(agg["serve"], agg["upstream"])])
+            lines.append(f"| {clients} | {med(agg['serve']):.1f} | {med(agg['upstream']):.1f} | "
+                         f"{med(agg['serve']) / med(agg['upstream']):.3f}x ({pairs:.3f}x) |")
+    model.close()
+    emit_report("server", lines, not args.no_save)
+
+
+if __name__ == "__main__":
+    timed(main)
