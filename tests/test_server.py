@@ -263,6 +263,23 @@ def test_native_completion_format(plain: Server) -> None:
     assert lines[-1]["stop"] is True and all(not x["stop"] for x in lines[:-1])
 
 
+def test_banned_tokens_serialize(plain: Server) -> None:
+    """A banned token's bias is -inf; every JSON that shows the settings must still be valid JSON."""
+    body = {"prompt": PROMPT, "n_predict": 3, "ignore_eos": True, "logit_bias": [[5, False]], "temperature": 0}
+    r = httpx.post(f"{plain.url}/completion", json=body, timeout=60)
+    assert r.status_code == 200
+    assert [5, None] in r.json()["generation_settings"]["logit_bias"]
+    with httpx.Client(timeout=60) as h, h.stream("POST", f"{plain.url}/v1/completions",
+                                                 json={**body, "max_tokens": 300, "stream": True}) as st:
+        next(st.iter_lines())
+        slots = h.get(f"{plain.url}/slots")
+        assert slots.status_code == 200
+        assert any(s["is_processing"] and [5, None] in s["params"]["logit_bias"] for s in slots.json())
+    chat = httpx.post(f"{plain.url}/v1/chat/completions", timeout=60,
+                      json={"messages": CHAT, "max_tokens": 2, "verbose": True, "logit_bias": {"5": False}})
+    assert chat.status_code == 200 and [5, None] in chat.json()["__verbose"]["params"]["logit_bias"]
+
+
 def test_metrics_parse_with_prometheus_client(plain: Server) -> None:
     client(plain).completions.create(model="x", prompt=PROMPT, max_tokens=3)
     r = httpx.get(f"{plain.url}/metrics")

@@ -325,7 +325,7 @@ def create_app(
                 out["__verbose"] = {
                     "prompt": s.model.detokenize(ids, special=True),
                     "prompt_tokens": ids,
-                    "params": {"n_predict": calls[0].max_tokens, **calls[0].sampling},
+                    "params": calls[0].settings(),
                 }
             return JSONResponse(out)
         if req.n != 1:
@@ -430,7 +430,7 @@ def create_app(
             "model": cfg.model_id,
             "tokens_predicted": st.tokens,
             "tokens_evaluated": st.prompt_tokens,
-            "generation_settings": {"n_predict": call.max_tokens, **call.sampling, "speculative": s.method},
+            "generation_settings": call.settings() | {"speculative": s.method},
             "prompt": s.model.detokenize(call.ids, special=True),
             "has_new_line": "\n" in r.text,
             "truncated": False,

@@ -37,6 +37,14 @@ class Call:
     draft_max: int | None = None
     progress: bool = False
 
+    def settings(self) -> dict[str, Any]:
+        """The call's settings as JSON (llama-server's generation_settings); a banned token's bias
+        (-inf) is null, as llama-server writes it."""
+        out = {"n_predict": self.max_tokens, **self.sampling}
+        if "logit_bias" in out:
+            out["logit_bias"] = [[t, b if math.isfinite(b) else None] for t, b in out["logit_bias"].items()]
+        return out
+
 
 class QueueFull(Exception):
     """Every sequence is busy and the wait queue is full."""
@@ -219,7 +227,7 @@ class ServedModel:
         self._next_task += 1
         slot.id_task, slot.is_processing = self._next_task, True
         slot.n_prompt_tokens, slot.n_decoded, slot.n_remain = len(call.ids), 0, call.max_tokens
-        slot.params = {"n_predict": call.max_tokens, **call.sampling}
+        slot.params = call.settings()
         try:
             agen = self.session.astream_events(
                 call.ids,
