@@ -40,6 +40,22 @@ def test_draft_max_changes_speed_not_output(smol: llamaspec.Model) -> None:
         assert seeded[0] == seeded[1]
 
 
+def test_p_min_per_call_changes_speed_not_output(smol: llamaspec.Model) -> None:
+    """A session with p_min 0 drafts every token; a call with p_min 1.0 stops a draft at the first
+    token the drafter is not certain of (patch 0007). The text is the same."""
+    kw: dict[str, Any] = {"method": "draft", "draft_model": smol, "n_draft": 4, "n_ctx": 512, "n_threads": 2}
+    with llamaspec.Speculative(smol, **kw) as spec:
+        want, free = greedy(spec)
+        ids, strict = greedy(spec, p_min=1.0)
+        assert ids == want
+        assert strict.drafts_generated < free.drafts_generated / 2, (strict, free)
+        ids, same = greedy(spec, p_min=0.0)
+        assert ids == want and same.drafts_generated == free.drafts_generated
+    with llamaspec.Speculative(smol, p_min=1.0, **kw) as strict_session:  # a call can also loosen it
+        ids, loose = greedy(strict_session, p_min=0.0)
+        assert ids == want and loose.drafts_generated == free.drafts_generated
+
+
 def test_prompt_progress_events(smol: llamaspec.Model) -> None:
     spec: dict[str, Any] = {"method": "draft", "draft_model": smol}
     for cls, kw in ((llamaspec.Generator, {}), (llamaspec.Speculative, spec)):
@@ -48,7 +64,9 @@ def test_prompt_progress_events(smol: llamaspec.Model) -> None:
             events = list(s.stream_events(PROMPT, 4, temperature=0, prompt_progress=True))
             prog = [e for e in events if isinstance(e, PromptProgress)]
             first_token = next(i for i, e in enumerate(events) if isinstance(e, Token))
-            assert all(isinstance(e, PromptProgress) for e in events[:len(prog)]) and len(prog) <= first_token
+            assert (
+                all(isinstance(e, PromptProgress) for e in events[: len(prog)]) and len(prog) <= first_token
+            )
             assert prog[0].processed == 0 and prog[0].prompt_time == 0.0
             assert [p.processed for p in prog] == sorted({p.processed for p in prog})
             assert prog[-1].processed == n
@@ -60,8 +78,12 @@ def test_prompt_progress_events(smol: llamaspec.Model) -> None:
             assert [e for e in plain if isinstance(e, Token)] == [e for e in events if isinstance(e, Token)]
 
             async def count() -> int:
-                return sum([isinstance(e, PromptProgress) async for e in
-                            s.astream_events(PROMPT, 2, temperature=0, prompt_progress=True)])
+                return sum(
+                    [
+                        isinstance(e, PromptProgress)
+                        async for e in s.astream_events(PROMPT, 2, temperature=0, prompt_progress=True)
+                    ]
+                )
 
             assert asyncio.run(count()) == len(prog)
 
@@ -71,5 +93,8 @@ def test_call_options_are_checked(smol: llamaspec.Model) -> None:
         for bad in (-1, 1.5, "2", True):
             with pytest.raises(InvalidOptionError, match="draft_max"):
                 g.generate("hi", 2, draft_max=bad)
+        for bad_p in (-0.1, 1.5, float("nan"), "0.5", True):
+            with pytest.raises(InvalidOptionError, match="p_min"):
+                g.generate("hi", 2, p_min=bad_p)
         with pytest.raises(InvalidOptionError, match="prompt_progress"):
             list(g.stream_events("hi", 2, prompt_progress=1))  # type: ignore[arg-type]

@@ -197,6 +197,16 @@ def test_per_request_speculation_changes_speed_not_text(spec: Server) -> None:
         else:
             assert 0 < r["timings"]["draft_n"] <= n_max * r["timings"]["verify_steps"]
     assert out[0] == out[1] == out[2]
+    free, strict = (
+        httpx.post(
+            f"{spec.url}/v1/chat/completions",
+            timeout=60,
+            json={"messages": CHAT, "max_tokens": 24, "temperature": 0, "speculative": {"p_min": p}},
+        ).json()
+        for p in (0.0, 1.0)
+    )
+    assert free["choices"][0]["message"]["content"] == strict["choices"][0]["message"]["content"] == out[0]
+    assert strict["timings"]["draft_n"] < free["timings"]["draft_n"]
     r = httpx.post(
         f"{spec.url}/v1/chat/completions",
         timeout=60,
@@ -265,18 +275,33 @@ def test_native_completion_format(plain: Server) -> None:
 
 def test_banned_tokens_serialize(plain: Server) -> None:
     """A banned token's bias is -inf; every JSON that shows the settings must still be valid JSON."""
-    body = {"prompt": PROMPT, "n_predict": 3, "ignore_eos": True, "logit_bias": [[5, False]], "temperature": 0}
+    body = {
+        "prompt": PROMPT,
+        "n_predict": 3,
+        "ignore_eos": True,
+        "logit_bias": [[5, False]],
+        "temperature": 0,
+    }
     r = httpx.post(f"{plain.url}/completion", json=body, timeout=60)
     assert r.status_code == 200
     assert [5, None] in r.json()["generation_settings"]["logit_bias"]
-    with httpx.Client(timeout=60) as h, h.stream("POST", f"{plain.url}/v1/completions",
-                                                 json={**body, "max_tokens": 300, "stream": True}) as st:
-        next(st.iter_lines())
+    with (
+        httpx.Client(timeout=60) as h,
+        h.stream(
+            "POST", f"{plain.url}/v1/completions", json={**body, "max_tokens": 300, "stream": True}
+        ) as st,
+    ):
+        lines = st.iter_lines()  # kept alive: a discarded line iterator closes the connection
+        next(lines)
         slots = h.get(f"{plain.url}/slots")
         assert slots.status_code == 200
-        assert any(s["is_processing"] and [5, None] in s["params"]["logit_bias"] for s in slots.json())
-    chat = httpx.post(f"{plain.url}/v1/chat/completions", timeout=60,
-                      json={"messages": CHAT, "max_tokens": 2, "verbose": True, "logit_bias": {"5": False}})
+        got = slots.json()
+        assert any(s["is_processing"] and [5, None] in s["params"]["logit_bias"] for s in got), got
+    chat = httpx.post(
+        f"{plain.url}/v1/chat/completions",
+        timeout=60,
+        json={"messages": CHAT, "max_tokens": 2, "verbose": True, "logit_bias": {"5": False}},
+    )
     assert chat.status_code == 200 and [5, None] in chat.json()["__verbose"]["params"]["logit_bias"]
 
 
@@ -467,6 +492,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int]] = [
     ),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "chat_template_kwargs": []}, 400),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "speculative": {"n_max": "a"}}, 400),
+    ("POST", "/v1/chat/completions", {"messages": CHAT, "speculative": {"p_min": 1.5}}, 400),
     ("POST", "/v1/chat/completions", {"messages": CHAT, "unknown_field": 1, "max_tokens": 1}, 200),
     ("POST", "/v1/completions", {}, 400),
     ("POST", "/v1/completions", {"prompt": 5}, 400),

@@ -15,7 +15,7 @@ import llamaspec
 from llamaspec.server import ServerConfig, create_app
 from llamaspec.server.engine import ServedModel
 
-pytestmark = pytest.mark.real_model
+
 
 
 def served(smol: llamaspec.Model) -> ServedModel:
@@ -29,6 +29,7 @@ async def post(app: Any, path: str, body: dict[str, Any]) -> httpx.Response:
         return await h.post(path, json=body, timeout=60)
 
 
+@pytest.mark.real_model
 def test_an_engine_failure_mid_stream_is_an_sse_error_event(smol: llamaspec.Model, armed_fault: Any) -> None:
     s = served(smol)
     try:
@@ -51,3 +52,22 @@ def test_an_engine_failure_mid_stream_is_an_sse_error_event(smol: llamaspec.Mode
         assert s.processing == 0 and s.waiting == 0
     finally:
         s.session.close()
+
+
+@pytest.mark.unit
+def test_the_piece_writer_writes_the_chunk_json() -> None:
+    """The per-token fast path renders the same JSON as the general chunk."""
+    from llamaspec.server.protocol import Envelope
+    from llamaspec.server.streaming import sse
+
+    for obj in ("chat.completion", "text_completion"):
+        env = Envelope(obj, 'a "model" \x00piece\x00')
+        write = env.piece_writer()
+        for text in ("hello", "", 'quote " and \\ and \n', "\x00piece\x00", "ünïcødé ✓ 🚀"):
+            if obj == "chat.completion":
+                choice = {"index": 0, "delta": {"content": text}, "finish_reason": None, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+            want = sse(env(chunk=True, choices=[choice]))
+            assert write(text) == want
+            assert json.loads(write(text)[6:]) == json.loads(want[6:])

@@ -50,6 +50,7 @@ class _Request:
     sampling: dict[str, Any]
     prompt_progress: bool = False
     draft_max: int = -1
+    p_min: float = -1.0
 
 
 def _check_timeout(name: str, v: Any) -> float | None:
@@ -207,13 +208,19 @@ class _StreamingSession:
                         _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts)
 
     @staticmethod
-    def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None) -> _Request:
+    def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None,
+                      p_min: float | None) -> _Request:
         if not isinstance(prompt_progress, bool):
             raise InvalidOptionError(f"prompt_progress must be a bool, got {prompt_progress!r}")
-        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int) or draft_max < 0):
+        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
+                                      or draft_max < 0):
             raise InvalidOptionError(f"draft_max must be an int >= 0 or None, got {draft_max!r}")
+        if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float))
+                                  or not 0.0 <= p_min <= 1.0):
+            raise InvalidOptionError(f"p_min must be a number in [0, 1] or None, got {p_min!r}")
         return dataclasses.replace(req, prompt_progress=prompt_progress,
-                                   draft_max=-1 if draft_max is None else draft_max)
+                                   draft_max=-1 if draft_max is None else draft_max,
+                                   p_min=-1.0 if p_min is None else float(p_min))
 
     def _render_chat(self, messages: str) -> str:
         return self._native_model.apply_chat_template(messages, True, -1, [], "")
@@ -228,7 +235,7 @@ class _StreamingSession:
         native = self._require()
         sync_log_level()
         run = native.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root,
-                           req.prompt_progress, req.draft_max)
+                           req.prompt_progress, req.draft_max, req.p_min)
         with self._lock:
             self._active.append(run)
         return run
@@ -271,7 +278,8 @@ class _StreamingSession:
                       timeout: float | None = 60.0, *,
                       messages: Messages | None = None, prefill_timeout: float | None = None,
                       emit_stats_every: int = 0, prompt_progress: bool = False,
-                      draft_max: int | None = None, **sampling: Any) -> Iterator[Event]:
+                      draft_max: int | None = None, p_min: float | None = None,
+                      **sampling: Any) -> Iterator[Event]:
         """Generate, yielding Token events (and a Stats event every ``emit_stats_every`` tokens when
         > 0), then EndOfGeneration (if the model stopped), then Done.
 
@@ -293,6 +301,8 @@ class _StreamingSession:
                 after each n_batch chunk).
             draft_max: this call's longest draft, an int >= 0 (0: no drafting for this call), at
                 most the session's; None: the session's. The output does not change, only the speed.
+            p_min: this call's draft confidence threshold in [0, 1] (a drafter stops at a token it
+                gives a lower probability); None: the session's. Only the speed changes.
             **sampling: sampling options (README, "Sampling"); ``stop`` ends the text before the first
                 stop string (which is not emitted).
 
@@ -308,8 +318,8 @@ class _StreamingSession:
             GenerationTimeout: a timeout passed; the native work was stopped.
         """
         every = _check_every(emit_stats_every)
-        req = self._call_options(self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages),
-                                 prompt_progress, draft_max)
+        req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
+        req = self._call_options(req, prompt_progress, draft_max, p_min)
         if every == 0:
             return self._iterate(req)
         seq: list[int] = []
@@ -368,7 +378,8 @@ class _StreamingSession:
                              timeout: float | None = 60.0, *,
                              messages: Messages | None = None, prefill_timeout: float | None = None,
                              emit_stats_every: int = 0, prompt_progress: bool = False,
-                             draft_max: int | None = None, **sampling: Any) -> AsyncIterator[Event]:
+                             draft_max: int | None = None, p_min: float | None = None,
+                             **sampling: Any) -> AsyncIterator[Event]:
         """Async form of stream_events. Never blocks the event loop: the engine wakes the loop when
         an event is ready (a pipe the loop watches); only the start and the close of a call run in
         the loop's default executor. Cancelling the task stops the native work.
@@ -376,7 +387,7 @@ class _StreamingSession:
         every = _check_every(emit_stats_every)
         seq: list[int] = []
         req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
-        agen = self._aiterate(self._call_options(req, prompt_progress, draft_max),
+        agen = self._aiterate(self._call_options(req, prompt_progress, draft_max, p_min),
                               lambda run: seq.append(run.seq))
         n = 0
         try:

@@ -223,7 +223,7 @@ void validate_request(const GenRequest & req, const Context & ctx) {
 
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                         const nb::dict & sampling, std::string grammar_root, bool prompt_progress,
-                        int32_t draft_max) {
+                        int32_t draft_max, float p_min) {
     GenRequest req;
     req.prompt = std::move(prompt);
     req.max_tokens = max_tokens;
@@ -232,6 +232,7 @@ GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std
     req.grammar_root = std::move(grammar_root);
     req.prompt_progress = prompt_progress;
     req.draft_max = draft_max;
+    req.p_min = p_min;
     return req;
 }
 

@@ -101,6 +101,7 @@ struct GenRequest {
     std::string grammar_root = "root";
     bool prompt_progress = false;  // a PromptProgress event before the prompt and after each chunk
     int32_t draft_max = -1;        // this call's longest draft (0: none; -1: the session's n_draft)
+    float p_min = -1.0f;           // this call's draft confidence threshold (-1: the session's; patch 0007)
 };
 
 // Turns sampled token ids into Token events: valid UTF-8, stop strings, and the one-event hold-back
@@ -169,7 +170,7 @@ void validate_request(const GenRequest & req, const Context & ctx);
 // A request from the arguments of a binding's start() (sampling: the validated options dict).
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                         const nanobind::dict & sampling, std::string grammar_root, bool prompt_progress,
-                        int32_t draft_max);
+                        int32_t draft_max, float p_min);
 
 // Converts events and stats into Python objects for the bindings.
 nanobind::object event_to_python(Event & ev);

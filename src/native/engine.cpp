@@ -510,7 +510,8 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
         s->shadow_draft.clear();
         s->stage = -1;
         if (n_ask > 0) {
-            common_speculative_get_draft_params(spec, c.seq) = {
+            common_speculative_draft_params & dp = common_speculative_get_draft_params(spec, c.seq);
+            dp = {
                 /* .drafting = */ true,
                 /* .n_max    = */ n_ask,
                 /* .pos0     = */ s->n_past,
@@ -518,6 +519,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
                 /* .prompt   = */ &s->prompt_tgt,
                 /* .result   = */ &s->draft,
             };
+            dp.p_min = c.req.p_min;  // the call's own threshold, or -1: the session's (patch 0007)
             any_draft = true;
         }
     }

@@ -9,10 +9,9 @@ server-spec.md.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -26,6 +25,7 @@ from ..events import Done, PromptProgress, Token
 from ..model import Model
 from .config import ServerConfig
 from .engine import Call, QueueFull, ServedModel, open_session
+from .guard import MAX_BODY, Guard, error_response
 from .metrics import metrics_text
 from .protocol import (
     ApiError,
@@ -43,16 +43,8 @@ from .streaming import EventStream, Result, collect_all, sse, sse_error, start_s
 
 logger = logging.getLogger("llamaspec.server")
 
-MAX_BODY = 8 * 1024 * 1024
-PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
-LOCAL_ORIGIN_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 B = TypeVar("B", bound=BaseModel)
-
-
-def _error_response(e: ApiError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if e.status == 503 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def _validation_message(e: ValidationError) -> str:
@@ -61,13 +53,6 @@ def _validation_message(e: ValidationError) -> str:
         where = ".".join(str(x) for x in err.get("loc", ())) or "body"
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "invalid request: " + "; ".join(parts)
-
-
-def _origin_host(origin: str) -> str:
-    rest = origin.split("://", 1)[-1]
-    if rest.startswith("["):
-        return rest[: rest.find("]") + 1]
-    return rest.split(":", 1)[0].split("/", 1)[0]
 
 
 async def _body(request: Request, model: type[B]) -> B:
@@ -135,6 +120,12 @@ async def _completion_prompts(s: ServedModel, prompt: Any) -> list[list[int]]:
             out += s.model.tokenize(x, add_special=k == 0, parse_special=True) if isinstance(x, str) else [x]
         return out
 
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt)
+    ):
+        return [list(prompt)]  # token ids: nothing to tokenize, no thread hop
     if isinstance(prompt, list) and prompt and not all(isinstance(x, int) for x in prompt):
         if all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in prompt) and any(
             isinstance(x, int) for x in prompt
@@ -165,7 +156,6 @@ def create_app(
     """The application for ``cfg``. Without ``served`` it loads the model at start-up (``/health``
     answers 503 until it is ready); a load that fails calls ``on_load_error`` (the command exits)."""
     state: dict[str, Any] = {"served": served, "load_error": None}
-    keys = [k.encode() for k in cfg.api_key]
 
     async def load() -> None:
         try:
@@ -221,75 +211,29 @@ def create_app(
             raise ApiError(503, "Loading model")
         return s
 
-    # -- middleware: CORS, authentication, body size; errors ------------------------------------------
+    # -- the front door (guard.py) and errors --------------------------------------------------------
 
-    def cors_headers(origin: str | None) -> dict[str, str]:
-        if not origin:
-            return {}
-        if cfg.cors_origins:
-            allowed = origin in cfg.cors_origins or "*" in cfg.cors_origins
-        else:  # with a key every route is guarded: any origin, as llama-server; else localhost only
-            allowed = bool(keys) or _origin_host(origin) in LOCAL_ORIGIN_HOSTS
-        if not allowed:
-            return {}
-        return {
-            "Access-Control-Allow-Origin": origin,
-            "Access-Control-Allow-Credentials": "true",
-            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-            "Access-Control-Allow-Headers": "*",
-            "Vary": "Origin",
-        }
-
-    def with_cors(response: Response, origin: str | None) -> Response:
-        # raw headers keep their case (some clients compare names case-sensitively)
-        response.raw_headers.extend(
-            (k.encode("latin-1"), v.encode("latin-1")) for k, v in cors_headers(origin).items()
-        )
-        return response
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        origin = request.headers.get("origin")
-        if request.method == "OPTIONS":
-            return with_cors(Response(status_code=200 if cors_headers(origin) or not origin else 403), origin)
-        response: Response
-        try:
-            if keys and request.url.path not in PUBLIC_PATHS:
-                given = request.headers.get("authorization", "")
-                token = (
-                    given[7:].strip()
-                    if given[:7].lower() == "bearer "
-                    else request.headers.get("x-api-key", "")
-                )
-                if not any(hmac.compare_digest(token.encode(), k) for k in keys):
-                    raise ApiError(401, "Invalid API Key")
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-                raise ApiError(413, f"the request body is over {MAX_BODY} bytes")
-            response = await call_next(request)
-        except ApiError as e:
-            response = _error_response(e)
-        return with_cors(response, origin)
+    app.add_middleware(Guard, keys=cfg.api_key, cors_origins=cfg.cors_origins)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, e: ApiError) -> JSONResponse:
-        return _error_response(e)
+        return error_response(e)
 
     @app.exception_handler(QueueFull)
     async def on_queue_full(request: Request, e: QueueFull) -> JSONResponse:
-        return _error_response(
+        return error_response(
             ApiError(503, "the server is busy: every sequence is in use and the queue is full")
         )
 
     @app.exception_handler(LlamaspecError)
     async def on_library_error(request: Request, e: LlamaspecError) -> JSONResponse:
         logger.error("%s %s: %s: %s", request.method, request.url.path, type(e).__name__, e)
-        return _error_response(ApiError(500, f"{type(e).__name__}: {e}", type="server_error"))
+        return error_response(ApiError(500, f"{type(e).__name__}: {e}", type="server_error"))
 
     @app.exception_handler(404)
     @app.exception_handler(405)
     async def on_no_route(request: Request, e: Exception) -> JSONResponse:
-        return _error_response(ApiError(404, f"no route {request.method} {request.url.path}"))
+        return error_response(ApiError(404, f"no route {request.method} {request.url.path}"))
 
     # -- OpenAI: chat and text completions --------------------------------------------------------------
 
@@ -333,6 +277,8 @@ def create_app(
         events = await start_stream(request, s, calls[0])
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
+        piece = env.piece_writer()
+
         def delta(d: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
             choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
             return sse(env(chunk=True, choices=[choice], **extra))
@@ -344,7 +290,7 @@ def create_app(
                     if isinstance(ev, PromptProgress):
                         yield sse(env(chunk=True, choices=[], **progress(ev)))
                     elif isinstance(ev, Token) and ev.text:
-                        yield delta({"content": ev.text})
+                        yield piece(ev.text)
                     elif isinstance(ev, Done):
                         yield delta({}, finish_reason(ev.stats), timings=timings(ev.stats, spec))
                         if include_usage:
@@ -389,6 +335,8 @@ def create_app(
         events = await start_stream(request, s, calls[0])
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
+        piece = env.piece_writer()
+
         def text(t: str, finish: str | None = None, **extra: Any) -> str:
             choice = {"index": 0, "text": t, "logprobs": None, "finish_reason": finish}
             return sse(env(chunk=True, choices=[choice], **extra))
@@ -399,7 +347,7 @@ def create_app(
                     if isinstance(ev, PromptProgress):
                         yield sse(env(chunk=True, choices=[], **progress(ev)))
                     elif isinstance(ev, Token) and ev.text:
-                        yield text(ev.text)
+                        yield piece(ev.text)
                     elif isinstance(ev, Done):
                         yield text("", finish_reason(ev.stats), timings=timings(ev.stats, spec))
                         if include_usage:

@@ -29,12 +29,14 @@ from .protocol import ApiError, Sampling
 @dataclass(frozen=True)
 class Call:
     """One generation call of a request: prompt ids, the exact token limit, sampling options, the
-    call's draft cap (None: the session's) and whether to stream prompt progress."""
+    call's draft cap and draft confidence threshold (None: the session's), and whether to stream
+    prompt progress."""
 
     ids: list[int]
     max_tokens: int
     sampling: dict[str, Any]
     draft_max: int | None = None
+    p_min: float | None = None
     progress: bool = False
 
     def settings(self) -> dict[str, Any]:
@@ -188,19 +190,20 @@ class ServedModel:
         if limit < 0 or limit > room:
             limit = room
         spec = req.speculative
-        if spec is not None and spec.p_min is not None and spec.p_min != self.cfg.p_min:
-            raise ApiError(
-                501,
-                f"speculative.p_min per request is not supported yet (the server's is "
-                f"{self.cfg.p_min}); speculative.n_max is",
-            )
         sampling = req.options(self.cfg.sampling, self.model.n_vocab, self.model.tokenize)
         if req.ignore_eos:  # llama-server's field: end-of-generation tokens are never sampled
             sampling["logit_bias"] = {
                 **{t: -math.inf for t in self.eog_ids},
                 **sampling.get("logit_bias", {}),
             }
-        call = Call(ids, limit, sampling, spec.n_max if spec is not None else None, req.return_progress)
+        call = Call(
+            ids,
+            limit,
+            sampling,
+            draft_max=spec.n_max if spec is not None else None,
+            p_min=spec.p_min if spec is not None else None,
+            progress=req.return_progress,
+        )
         seed = sampling.get("seed")
         if n == 1 or seed is None:
             return [call] * n
@@ -236,6 +239,7 @@ class ServedModel:
                 prefill_timeout=None,
                 prompt_progress=call.progress,
                 draft_max=call.draft_max,
+                p_min=call.p_min,
                 **call.sampling,
             )
             try:

@@ -6,6 +6,7 @@ shares (usage, timings, errors). Field names and shapes follow OpenAI's API and 
 from __future__ import annotations
 
 import math
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -219,6 +220,9 @@ class CompletionRequest(Sampling):
         return v
 
 
+_MARK = "\x00piece\x00"  # a placeholder no model text is compared with: json.dumps escapes it
+
+
 @dataclass
 class Envelope:
     """What every response and chunk of one OpenAI-style request shares (id, object, created, model)."""
@@ -243,6 +247,23 @@ class Envelope:
             "system_fingerprint": f"llamaspec-{__version__}",
             **fields,
         }
+
+    def piece_writer(self) -> Callable[[str], str]:
+        """The SSE event of a chunk that carries one piece of text (the hot path: one per token),
+        the same JSON as ``sse(self(chunk=True, choices=[...]))`` with the JSON around the text
+        rendered once."""
+        if self.object == "chat.completion":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": _MARK},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+        else:
+            choice = {"index": 0, "text": _MARK, "logprobs": None, "finish_reason": None}
+        event = "data: " + json.dumps(self(chunk=True, choices=[choice]), ensure_ascii=False) + "\n\n"
+        head, tail = event.rsplit(json.dumps(_MARK), 1)  # the last one: a model name could hold it
+        return lambda piece: head + json.dumps(piece, ensure_ascii=False) + tail
 
 
 class TokenizeRequest(BaseModel):
