@@ -61,7 +61,18 @@ def library_stream(
 
 
 def sse_stream(h: httpx.Client, url: str, body: dict[str, object], text_of: Callable[[dict], str]) -> Measure:
-    """Stream one request; a time per chunk that carries text (one token each on both servers)."""
+    """Stream one request; a time per chunk that carries text (one token each on both servers). A
+    kept-alive connection the server closed while idle (llama-server does after a few seconds) is
+    retried once on a new one."""
+    try:
+        return _sse_stream(h, url, body, text_of)
+    except httpx.RemoteProtocolError:
+        return _sse_stream(h, url, body, text_of)
+
+
+def _sse_stream(
+    h: httpx.Client, url: str, body: dict[str, object], text_of: Callable[[dict], str]
+) -> Measure:
     times: list[float] = []
     t0 = time.perf_counter()
     with h.stream("POST", url, json=body) as r:
