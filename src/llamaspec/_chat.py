@@ -31,6 +31,19 @@ _STRUCTURAL_KEYS = frozenset({"role", "type"})
 Render = Callable[[str], str]  # messages as JSON -> the rendered prompt
 
 
+def renderer(native: _native.Model, add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+             template_kwargs: Sequence[tuple[str, str]] = (), chat_template: str | None = None) -> Render:
+    """The model's template (or ``chat_template``) as a Render; template_kwargs hold JSON values."""
+    thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
+    kwargs = list(template_kwargs)
+
+    def render(messages: str) -> str:
+        return native.apply_chat_template(messages, add_generation_prompt, thinking, kwargs,
+                                          chat_template or "")
+
+    return render
+
+
 def messages_json(messages: Sequence[Mapping[str, Any]]) -> str:
     """The messages as the JSON array the native renderer reads.
 

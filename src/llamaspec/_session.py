@@ -10,21 +10,20 @@ task) cancel the call and wait until the engine has let go of it, so that its se
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _native
-from ._chat import chat_tokens
+from ._chat import chat_tokens, renderer
 from ._log import sync_log_level
-from ._options import sampling_options
+from ._options import call_options, sampling_options
 from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
 from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
@@ -190,7 +189,7 @@ class _StreamingSession:
             raise InvalidOptionError("give either a prompt or messages=, not both" if prompt is not None
                                      else "give a prompt or messages=")
         if messages is not None:
-            tokens = chat_tokens(self._native_model, messages, self._render_chat)
+            tokens = chat_tokens(self._native_model, messages, renderer(self._native_model))
         elif isinstance(prompt, str):
             tokens = list(self._native_model.tokenize(prompt, True, True))
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
@@ -210,20 +209,8 @@ class _StreamingSession:
     @staticmethod
     def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None,
                       p_min: float | None) -> _Request:
-        if not isinstance(prompt_progress, bool):
-            raise InvalidOptionError(f"prompt_progress must be a bool, got {prompt_progress!r}")
-        if draft_max is not None and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
-                                      or draft_max < 0):
-            raise InvalidOptionError(f"draft_max must be an int >= 0 or None, got {draft_max!r}")
-        if p_min is not None and (isinstance(p_min, bool) or not isinstance(p_min, (int, float))
-                                  or not 0.0 <= p_min <= 1.0):
-            raise InvalidOptionError(f"p_min must be a number in [0, 1] or None, got {p_min!r}")
-        return dataclasses.replace(req, prompt_progress=prompt_progress,
-                                   draft_max=-1 if draft_max is None else draft_max,
-                                   p_min=-1.0 if p_min is None else float(p_min))
-
-    def _render_chat(self, messages: str) -> str:
-        return self._native_model.apply_chat_template(messages, True, -1, [], "")
+        progress, cap, threshold = call_options(prompt_progress, draft_max, p_min)
+        return replace(req, prompt_progress=progress, draft_max=cap, p_min=threshold)
 
     def _require(self) -> _native.Session:
         native = self._engine

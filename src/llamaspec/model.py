@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Literal, overload
 
 from . import _native
-from ._chat import chat_tokens, messages_json
+from ._chat import chat_tokens, messages_json, renderer
 from ._log import sync_log_level
 from .errors import ClosedError, InvalidOptionError, ModelLoadError
 
@@ -324,12 +324,7 @@ class Model:
             kwargs = [(k, json.dumps(v)) for k, v in template_kwargs.items()]
         except (TypeError, ValueError) as e:
             raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
-        thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
-
-        def render(msgs: str) -> str:
-            return native.apply_chat_template(msgs, add_generation_prompt, thinking, kwargs,
-                                              chat_template or "")
-
+        render = renderer(native, add_generation_prompt, enable_thinking, kwargs, chat_template)
         if tokenize:
             return chat_tokens(native, messages, render)
         return render(messages_json(messages))
