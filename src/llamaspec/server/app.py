@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import __version__
 from ..errors import ChatTemplateError, InvalidOptionError, LlamaspecError
-from ..events import Done, PromptProgress, Token
+from ..events import Done, Event, PromptProgress, Token
 from ..model import Model
 from .config import ServerConfig
 from .engine import Call, QueueFull, ServedModel, open_session
@@ -33,6 +33,7 @@ from .protocol import (
     CompletionRequest,
     DetokenizeRequest,
     Envelope,
+    Sampling,
     TokenizeRequest,
     finish_reason,
     progress,
@@ -133,6 +134,40 @@ async def _completion_prompts(s: ServedModel, prompt: Any) -> list[list[int]]:
             return [await asyncio.to_thread(mixed, prompt)]
         return [await asyncio.to_thread(one, p) for p in prompt]
     return [await asyncio.to_thread(one, prompt)]
+
+
+async def _openai_stream(
+    env: Envelope, events: AsyncIterator[Event], spec: bool, req: Sampling
+) -> AsyncIterator[str]:
+    """OpenAI's chunk sequence for a chat or text completion: (chat: the role chunk), a chunk per
+    piece of text, prompt progress when asked for, the finish chunk with llama-server's timings, the
+    usage chunk with stream_options.include_usage, then [DONE]; an error after the start is an SSE
+    error event."""
+    piece = env.piece_writer()
+    try:
+        if env.object == "chat.completion":
+            role = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": None},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+            yield sse(env(chunk=True, choices=[role]))
+        async for ev in events:
+            if isinstance(ev, PromptProgress):
+                yield sse(env(chunk=True, choices=[], **progress(ev)))
+            elif isinstance(ev, Token) and ev.text:
+                yield piece(ev.text)
+            elif isinstance(ev, Done):
+                finish = env.chunk_choice(None, finish_reason(ev.stats))
+                yield sse(env(chunk=True, choices=[finish], timings=timings(ev.stats, spec)))
+                if req.stream_options and req.stream_options.include_usage:
+                    yield sse(
+                        env(chunk=True, choices=[], usage=usage([ev.stats]), timings=timings(ev.stats, spec))
+                    )
+        yield "data: [DONE]\n\n"
+    except LlamaspecError as e:
+        yield sse_error(e)
 
 
 def _pick(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
@@ -275,38 +310,7 @@ def create_app(
         if req.n != 1:
             raise ApiError(400, "a streamed chat completion takes n = 1")
         events = await start_stream(request, s, calls[0])
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        piece = env.piece_writer()
-
-        def delta(d: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-            choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
-            return sse(env(chunk=True, choices=[choice], **extra))
-
-        async def body() -> AsyncIterator[str]:
-            try:
-                yield delta({"role": "assistant", "content": None})
-                async for ev in events:
-                    if isinstance(ev, PromptProgress):
-                        yield sse(env(chunk=True, choices=[], **progress(ev)))
-                    elif isinstance(ev, Token) and ev.text:
-                        yield piece(ev.text)
-                    elif isinstance(ev, Done):
-                        yield delta({}, finish_reason(ev.stats), timings=timings(ev.stats, spec))
-                        if include_usage:
-                            yield sse(
-                                env(
-                                    chunk=True,
-                                    choices=[],
-                                    usage=usage([ev.stats]),
-                                    timings=timings(ev.stats, spec),
-                                )
-                            )
-                yield "data: [DONE]\n\n"
-            except LlamaspecError as e:
-                yield sse_error(e)
-
-        return EventStream(body())
+        return EventStream(_openai_stream(env, events, spec, req))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -333,37 +337,7 @@ def create_app(
         if len(calls) != 1:
             raise ApiError(400, "a streamed completion takes one prompt")
         events = await start_stream(request, s, calls[0])
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-
-        piece = env.piece_writer()
-
-        def text(t: str, finish: str | None = None, **extra: Any) -> str:
-            choice = {"index": 0, "text": t, "logprobs": None, "finish_reason": finish}
-            return sse(env(chunk=True, choices=[choice], **extra))
-
-        async def body() -> AsyncIterator[str]:
-            try:
-                async for ev in events:
-                    if isinstance(ev, PromptProgress):
-                        yield sse(env(chunk=True, choices=[], **progress(ev)))
-                    elif isinstance(ev, Token) and ev.text:
-                        yield piece(ev.text)
-                    elif isinstance(ev, Done):
-                        yield text("", finish_reason(ev.stats), timings=timings(ev.stats, spec))
-                        if include_usage:
-                            yield sse(
-                                env(
-                                    chunk=True,
-                                    choices=[],
-                                    usage=usage([ev.stats]),
-                                    timings=timings(ev.stats, spec),
-                                )
-                            )
-                yield "data: [DONE]\n\n"
-            except LlamaspecError as e:
-                yield sse_error(e)
-
-        return EventStream(body())
+        return EventStream(_openai_stream(env, events, spec, req))
 
     # -- llama-server's native completion --------------------------------------------------------------
 

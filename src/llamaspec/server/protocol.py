@@ -248,19 +248,18 @@ class Envelope:
             **fields,
         }
 
+    def chunk_choice(self, text: str | None, finish: str | None = None) -> dict[str, Any]:
+        """The one choice of a stream chunk: a piece of text, or (None) the finish chunk's."""
+        if self.object == "chat.completion":
+            delta = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
     def piece_writer(self) -> Callable[[str], str]:
         """The SSE event of a chunk that carries one piece of text (the hot path: one per token),
-        the same JSON as ``sse(self(chunk=True, choices=[...]))`` with the JSON around the text
-        rendered once."""
-        if self.object == "chat.completion":
-            choice: dict[str, Any] = {
-                "index": 0,
-                "delta": {"content": _MARK},
-                "finish_reason": None,
-                "logprobs": None,
-            }
-        else:
-            choice = {"index": 0, "text": _MARK, "logprobs": None, "finish_reason": None}
+        the same JSON as ``sse(self(chunk=True, choices=[self.chunk_choice(text)]))`` with the JSON
+        around the text rendered once."""
+        choice = self.chunk_choice(_MARK)
         event = "data: " + json.dumps(self(chunk=True, choices=[choice]), ensure_ascii=False) + "\n\n"
         head, tail = event.rsplit(json.dumps(_MARK), 1)  # the last one: a model name could hold it
         return lambda piece: head + json.dumps(piece, ensure_ascii=False) + tail
