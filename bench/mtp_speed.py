@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import statistics
 import subprocess
 import sys
-import time
 import urllib.request
 import contextlib
 from contextlib import contextmanager
@@ -41,7 +39,7 @@ import llamaspec
 from llamaspec_fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from upstream import build_tools, emit_report, timed  # noqa: E402
+from upstream import build_tools, emit_report, free_port, serving, timed  # noqa: E402
 
 LEVELS = {"100%": 0.0, "~74%": 0.14, "0%": 1.0}
 
@@ -82,41 +80,16 @@ def upstream_mtp(bin_dir: Path, model: str, prompt: str, n: int, threads: int, n
         "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"], timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def llama_server(bin_dir: Path, model: str, threads: int, n_draft: int | None, timeout: float) -> Iterator[str]:
     """A llama-server on 127.0.0.1 for one configuration (n_draft None: plain decoding)."""
-    port = _free_port()
+    port = free_port()
     cmd = [str(bin_dir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
            "-tb", str(threads), "-c", "1024", "-np", "1", "--no-webui"]
     if n_draft is not None:
         cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"llama-server did not start ({proc.returncode})")
-            time.sleep(0.2)
+    with serving(cmd, port, timeout) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def server_completion(url: str, prompt: str, n: int, timeout: float) -> tuple[float, float]:

@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -37,8 +35,8 @@ import llamaspec
 from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mtp_speed import LEVELS, _free_port  # noqa: E402
-from upstream import build_tools, emit_report, timed  # noqa: E402
+from mtp_speed import LEVELS  # noqa: E402
+from upstream import build_tools, emit_report, free_port, serving, timed  # noqa: E402
 
 Measure = tuple[float, float, int]  # (tokens/s, seconds to the first token, tokens)
 
@@ -94,81 +92,21 @@ def upstream_text(chunk: dict) -> str:
     return "" if chunk.get("stop") else chunk.get("content", "")
 
 
-@contextmanager
-def server(cmd: list[str], port: int) -> Iterator[str]:
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"{cmd[0]} did not start ({proc.returncode})")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def shared_flags(model: str, port: int, threads: int, n_seq: int, n_draft: int) -> list[str]:
+    """The settings both servers run with, in llama-server's spelling (`llamaspec serve` takes it)."""
+    # fmt: off
+    return ["-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
+            "-c", str(1024 * n_seq), "-np", str(n_seq), "--spec-type", "draft-mtp",
+            "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
+    # fmt: on
 
 
 def ours_cmd(model: str, port: int, threads: int, n_seq: int, n_draft: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "llamaspec",
-        "serve",
-        model,
-        "--port",
-        str(port),
-        "-t",
-        str(threads),
-        "-tb",
-        str(threads),
-        "-c",
-        str(1024 * n_seq),
-        "-np",
-        str(n_seq),
-        "--method",
-        "mtp",
-        "--n-draft",
-        str(n_draft),
-    ]
+    return [sys.executable, "-m", "llamaspec", "serve", *shared_flags(model, port, threads, n_seq, n_draft)]
 
 
 def upstream_cmd(bin_dir: Path, model: str, port: int, threads: int, n_seq: int, n_draft: int) -> list[str]:
-    return [
-        str(bin_dir / "llama-server"),
-        "-m",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-t",
-        str(threads),
-        "-tb",
-        str(threads),
-        "-c",
-        str(1024 * n_seq),
-        "-np",
-        str(n_seq),
-        "--no-webui",
-        "--spec-type",
-        "draft-mtp",
-        "--spec-draft-n-max",
-        str(n_draft),
-        "--spec-draft-n-min",
-        "0",
-    ]
+    return [str(bin_dir / "llama-server"), *shared_flags(model, port, threads, n_seq, n_draft), "--no-webui"]
 
 
 def concurrent(n: int, one: Callable[[], Measure]) -> float:
@@ -256,10 +194,10 @@ def main() -> None:
         for threads in args.threads if "one" in args.sections else []:
             lib = llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=1024, n_threads=threads)
             library_stream(lib, prompt_ids, 16, banned)
-            po, pu = _free_port(), _free_port()
+            po, pu = free_port(), free_port()
             with (
-                server(ours_cmd(str(path), po, threads, 1, args.n_draft), po) as ours_url,
-                server(upstream_cmd(bin_dir, str(path), pu, threads, 1, args.n_draft), pu) as up_url,
+                serving(ours_cmd(str(path), po, threads, 1, args.n_draft), po) as ours_url,
+                serving(upstream_cmd(bin_dir, str(path), pu, threads, 1, args.n_draft), pu) as up_url,
             ):
                 sides: dict[str, Callable[[], Measure]] = {
                     "library": lambda: library_stream(lib, prompt_ids, n, banned),
@@ -303,10 +241,10 @@ def main() -> None:
         )
         for t in args.client_threads if "many" in args.sections else []:
             for clients in args.clients:
-                po, pu = _free_port(), _free_port()
+                po, pu = free_port(), free_port()
                 with (
-                    server(ours_cmd(str(path), po, t, clients, args.n_draft), po) as ours_url,
-                    server(upstream_cmd(bin_dir, str(path), pu, t, clients, args.n_draft), pu) as up_url,
+                    serving(ours_cmd(str(path), po, t, clients, args.n_draft), po) as ours_url,
+                    serving(upstream_cmd(bin_dir, str(path), pu, t, clients, args.n_draft), pu) as up_url,
                     httpx.Client(timeout=300, limits=httpx.Limits(max_connections=64)) as hc,
                 ):
                     sides2: dict[str, Callable[[], float]] = {
@@ -361,8 +299,8 @@ def ttft_section(
     body = {"prompt": prompt_ids, "max_tokens": 2, "temperature": 0, "stream": True, "ignore_eos": True}
     for threads in args.threads:
         lib = llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=1024, n_threads=threads)
-        port = _free_port()
-        with server(ours_cmd(path, port, threads, 1, args.n_draft), port) as url:
+        port = free_port()
+        with serving(ours_cmd(path, port, threads, 1, args.n_draft), port) as url:
 
             def rtt() -> float:
                 t0 = time.perf_counter()

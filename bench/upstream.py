@@ -16,7 +16,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import socket
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +52,41 @@ def build_tools(*targets: str) -> Path:
         subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(build), "--target", *targets], check=True, stdout=subprocess.DEVNULL)
     return build / "bin"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serving(cmd: list[str], port: int, timeout: float = 120.0) -> Iterator[str]:
+    """Run a server command (llama-server or `llamaspec serve`) until its /health answers 200; yields
+    its URL and stops it at the end."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{Path(cmd[0]).name} did not start ({proc.returncode})")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 RESULTS = ROOT / "bench" / "results"

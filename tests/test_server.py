@@ -36,45 +36,21 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("serve-logs")
 
 
+# fmt: off
+SHARED = ("--alias", "smol", "-np", "2", "-c", "2048", "-t", "2")  # what the two module servers share
+# fmt: on
+
+
 @pytest.fixture(scope="module")
 def plain(smol_path: str, logs: Path) -> Iterator[Server]:
-    with running(
-        smol_path,
-        "--alias",
-        "smol",
-        "-np",
-        "2",
-        "-c",
-        "2048",
-        "-t",
-        "2",
-        "--metrics",
-        "--method",
-        "none",
-        log_dir=logs,
-    ) as s:
+    with running(smol_path, *SHARED, "--metrics", "--method", "none", log_dir=logs) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def spec(smol_path: str, logs: Path) -> Iterator[Server]:
     """SmolLM2 drafting for itself: every draft model path through the server."""
-    with running(
-        smol_path,
-        "--alias",
-        "smol",
-        "-np",
-        "2",
-        "-c",
-        "2048",
-        "-t",
-        "2",
-        "-md",
-        smol_path,
-        "--draft-max",
-        "4",
-        log_dir=logs,
-    ) as s:
+    with running(smol_path, *SHARED, "-md", smol_path, "--draft-max", "4", log_dir=logs) as s:
         yield s
 
 
