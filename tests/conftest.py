@@ -103,6 +103,19 @@ def proc_threads() -> int:
     raise RuntimeError("no Threads line in /proc/self/status")
 
 
+def settled_threads(at_most: int, timeout_s: float = 2.0) -> int:
+    """proc_threads() once it is at most ``at_most``, or when ``timeout_s`` has passed.
+
+    A joined thread can still be listed for a moment: pthread_join returns when the kernel clears
+    the thread's id, which it does before it removes the task from /proc/self/task. A leaked thread
+    stays; a joined one is gone within milliseconds (CI once counted one right after the join).
+    """
+    deadline = time.monotonic() + timeout_s
+    while (n := proc_threads()) > at_most and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return n
+
+
 @pytest.fixture(scope="session")
 def fx_mtp_levels(fixture_dir: Path) -> dict[str, FixtureInfo]:
     """MTP fixtures built for 100%, ~74% (n_draft 3) and 0% acceptance."""

@@ -12,7 +12,7 @@ import llamaspec
 from llamaspec import MTP, BusyError, Done, EndOfGeneration, InvalidOptionError, UnsupportedModelError
 from llamaspec_fixtures import FixtureInfo
 
-from .conftest import proc_threads, token_ids
+from .conftest import proc_threads, settled_threads, token_ids
 
 pytestmark = pytest.mark.fixture
 
@@ -195,7 +195,7 @@ def test_cancel_and_reuse_gives_fresh_output(fx_mtp_levels: dict[str, FixtureInf
                 if i % 40 == 0:
                     assert mtp.generate("hello", 120, temperature=0) == reference
             assert mtp.generate("hello", 120, temperature=0) == reference
-            assert proc_threads() <= threads_before
+            assert settled_threads(threads_before) <= threads_before
 
 
 def test_cancel_during_prompt_then_reuse(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
