@@ -54,14 +54,12 @@ PRESET = [
 ]
 API_KEY = "sk-this-is-the-secret-key"
 # Tests llama-server passes that need a later issue: JSON schema and log-probabilities (the
-# application issue, 18), and a prompt reused from the cache (cache > 0 in the progress report: the
-# prompt cache issue, 15).
+# application issue, 18).
 EXPECTED_FAILURES = [
     "test_completion_with_response_format[*",
     "test_logprobs",
     "test_logprobs_stream",
     "test_n_probs*",
-    "test_return_progress[64-2-True]",
 ]
 
 

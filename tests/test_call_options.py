@@ -67,7 +67,7 @@ def test_prompt_progress_events(smol: llamaspec.Model) -> None:
             assert (
                 all(isinstance(e, PromptProgress) for e in events[: len(prog)]) and len(prog) <= first_token
             )
-            assert prog[0].processed == 0 and prog[0].prompt_time == 0.0
+            assert prog[0].processed == prog[0].cached == 0 and prog[0].prompt_time == 0.0
             assert [p.processed for p in prog] == sorted({p.processed for p in prog})
             assert prog[-1].processed == n
             assert all(p.total == n for p in prog) and len(prog) >= 1 + n // 16
@@ -81,11 +81,17 @@ def test_prompt_progress_events(smol: llamaspec.Model) -> None:
                 return sum(
                     [
                         isinstance(e, PromptProgress)
-                        async for e in s.astream_events(PROMPT, 2, temperature=0, prompt_progress=True)
+                        async for e in s.astream_events(PROMPT, 2, temperature=0, prompt_progress=True,
+                                                        cache_prompt=False)
                     ]
                 )
 
             assert asyncio.run(count()) == len(prog)
+            # the prompt again: all of it but its last token comes from the cache, which the first
+            # event says (processed == cached, as llama-server's first report)
+            again = [e for e in s.stream_events(PROMPT, 2, temperature=0, prompt_progress=True)
+                     if isinstance(e, PromptProgress)]
+            assert [(p.processed, p.cached) for p in again] == [(n - 1, n - 1), (n, n - 1)]
 
 
 def test_call_options_are_checked(smol: llamaspec.Model) -> None:

@@ -56,13 +56,13 @@ def test_cancel_during_long_prompt(smol: llamaspec.Model) -> None:
     with llamaspec.Generator(smol, n_ctx=2048) as g:
         prompt = smol.tokenize("word " * 1800)
         t0 = time.perf_counter()
-        list(g.stream_events(prompt, 2, temperature=0))
+        list(g.stream_events(prompt, 2, temperature=0, cache_prompt=False))
         full_prefill = time.perf_counter() - t0
 
         timer = threading.Timer(full_prefill / 10, g.cancel)
         t0 = time.perf_counter()
         timer.start()
-        events = list(g.stream_events(prompt, 2, temperature=0))
+        events = list(g.stream_events(prompt, 2, temperature=0, cache_prompt=False))
         elapsed = time.perf_counter() - t0
         timer.join()
         assert isinstance(events[-1], Done) and events[-1].stats.finish_reason == "cancelled"

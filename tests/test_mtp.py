@@ -205,12 +205,12 @@ def test_cancel_during_prompt_then_reuse(fx_mtp_levels: dict[str, FixtureInfo]) 
         reference = mtp.generate("hello", 60, temperature=0)
         prompt = "abcdefgh" * 900  # 7,200 prompt tokens in 64-token chunks
         t0 = time.perf_counter()
-        list(mtp.stream_events(prompt, 2, temperature=0))
+        list(mtp.stream_events(prompt, 2, temperature=0, cache_prompt=False))
         full = time.perf_counter() - t0
         timer = threading.Timer(full / 10, mtp.cancel)
         timer.start()
         t0 = time.perf_counter()
-        events = list(mtp.stream_events(prompt, 2, temperature=0))
+        events = list(mtp.stream_events(prompt, 2, temperature=0, cache_prompt=False))
         elapsed = time.perf_counter() - t0
         timer.join()
         assert isinstance(events[-1], Done) and events[-1].stats.finish_reason == "cancelled"
@@ -241,7 +241,8 @@ def test_async_and_events(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
             return "".join([p async for p in mtp.astream(prompt, 40, temperature=0)])
 
         assert asyncio.run(main()) == expected
-        events = list(mtp.stream_events(prompt, 40, temperature=0))
+        # cache_prompt=False: a drafter that has seen the whole prompt drafts as constructed
+        events = list(mtp.stream_events(prompt, 40, temperature=0, cache_prompt=False))
         assert not any(isinstance(e, EndOfGeneration) for e in events)
         done = events[-1]
         assert isinstance(done, Done)

@@ -135,7 +135,10 @@ def test_stream_equals_non_stream_with_usage(plain: Server) -> None:
     assert chunks[-1].usage.completion_tokens == 20
     assert len({ch.id for ch in chunks}) == 1
     timings = (chunks[-1].model_extra or {})["timings"]
-    assert timings["predicted_n"] == 20 and timings["prompt_n"] == whole.usage.prompt_tokens  # type: ignore[union-attr]
+    # the same prompt twice: all of it but the last token comes from the sequence's cache
+    cached = timings["cache_n"]
+    assert timings["predicted_n"] == 20 and timings["prompt_n"] + cached == whole.usage.prompt_tokens  # type: ignore[union-attr]
+    assert cached == whole.usage.prompt_tokens - 1 == whole.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
 
     text = "".join(
         ch.choices[0].text

@@ -137,12 +137,15 @@ def _logit_bias(name: str, v: Any) -> Any:
     return out
 
 
-def call_options(prompt_progress: Any, draft_max: Any, p_min: Any) -> tuple[bool, int, float]:
+def call_options(prompt_progress: Any, draft_max: Any, p_min: Any,
+                 cache_prompt: Any) -> tuple[bool, int, float, bool]:
     """The per-call options beside sampling, checked; the native sentinels for "the session's" (-1)."""
     _bool("prompt_progress", prompt_progress)
     cap = _int(0, none_ok=True)("draft_max", draft_max)
     threshold = None if p_min is None else _float(0.0, 1.0)("p_min", p_min)
-    return prompt_progress, -1 if cap is None else cap, -1.0 if threshold is None else threshold
+    _bool("cache_prompt", cache_prompt)
+    return (prompt_progress, -1 if cap is None else cap, -1.0 if threshold is None else threshold,
+            cache_prompt)
 
 
 #: Sampling options of every generation call, with llama.cpp's common defaults (README, "Sampling").

@@ -50,6 +50,7 @@ class _Request:
     prompt_progress: bool = False
     draft_max: int = -1
     p_min: float = -1.0
+    cache_prompt: bool = True
 
 
 def _check_timeout(name: str, v: Any) -> float | None:
@@ -208,9 +209,9 @@ class _StreamingSession:
 
     @staticmethod
     def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None,
-                      p_min: float | None) -> _Request:
-        progress, cap, threshold = call_options(prompt_progress, draft_max, p_min)
-        return replace(req, prompt_progress=progress, draft_max=cap, p_min=threshold)
+                      p_min: float | None, cache_prompt: bool) -> _Request:
+        progress, cap, threshold, cache = call_options(prompt_progress, draft_max, p_min, cache_prompt)
+        return replace(req, prompt_progress=progress, draft_max=cap, p_min=threshold, cache_prompt=cache)
 
     def _require(self) -> _native.Session:
         native = self._engine
@@ -222,7 +223,7 @@ class _StreamingSession:
         native = self._require()
         sync_log_level()
         run = native.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root,
-                           req.prompt_progress, req.draft_max, req.p_min)
+                           req.prompt_progress, req.draft_max, req.p_min, req.cache_prompt)
         with self._lock:
             self._active.append(run)
         return run
@@ -240,7 +241,7 @@ class _StreamingSession:
         if kind == 1:
             return EndOfGeneration()
         if kind == 4:
-            return PromptProgress(ev[1], ev[2], ev[3])
+            return PromptProgress(ev[1], ev[2], ev[3], ev[4])
         stats = GenerationStats._from_native(ev[1])
         self._last_stats = stats
         return Done(stats)
@@ -266,7 +267,7 @@ class _StreamingSession:
                       messages: Messages | None = None, prefill_timeout: float | None = None,
                       emit_stats_every: int = 0, prompt_progress: bool = False,
                       draft_max: int | None = None, p_min: float | None = None,
-                      **sampling: Any) -> Iterator[Event]:
+                      cache_prompt: bool = True, **sampling: Any) -> Iterator[Event]:
         """Generate, yielding Token events (and a Stats event every ``emit_stats_every`` tokens when
         > 0), then EndOfGeneration (if the model stopped), then Done.
 
@@ -290,6 +291,10 @@ class _StreamingSession:
                 most the session's; None: the session's. The output does not change, only the speed.
             p_min: this call's draft confidence threshold in [0, 1] (a drafter stops at a token it
                 gives a lower probability); None: the session's. Only the speed changes.
+            cache_prompt: reuse what the sequence's memory still holds of this prompt from earlier
+                calls (the longest common prefix; Done.stats.cached_tokens says how much); False
+                decodes the whole prompt. The output does not change, only the time to the first
+                token (README, "Prompt cache").
             **sampling: sampling options (README, "Sampling"); ``stop`` ends the text before the first
                 stop string (which is not emitted).
 
@@ -306,7 +311,7 @@ class _StreamingSession:
         """
         every = _check_every(emit_stats_every)
         req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
-        req = self._call_options(req, prompt_progress, draft_max, p_min)
+        req = self._call_options(req, prompt_progress, draft_max, p_min, cache_prompt)
         if every == 0:
             return self._iterate(req)
         seq: list[int] = []
@@ -366,7 +371,7 @@ class _StreamingSession:
                              messages: Messages | None = None, prefill_timeout: float | None = None,
                              emit_stats_every: int = 0, prompt_progress: bool = False,
                              draft_max: int | None = None, p_min: float | None = None,
-                             **sampling: Any) -> AsyncIterator[Event]:
+                             cache_prompt: bool = True, **sampling: Any) -> AsyncIterator[Event]:
         """Async form of stream_events. Never blocks the event loop: the engine wakes the loop when
         an event is ready (a pipe the loop watches); only the start and the close of a call run in
         the loop's default executor. Cancelling the task stops the native work.
@@ -374,7 +379,7 @@ class _StreamingSession:
         every = _check_every(emit_stats_every)
         seq: list[int] = []
         req = self._prepare(prompt, max_tokens, timeout, prefill_timeout, sampling, messages)
-        agen = self._aiterate(self._call_options(req, prompt_progress, draft_max, p_min),
+        agen = self._aiterate(self._call_options(req, prompt_progress, draft_max, p_min, cache_prompt),
                               lambda run: seq.append(run.seq))
         n = 0
         try:

@@ -31,17 +31,19 @@ class Token:
 @dataclass(frozen=True, slots=True)
 class PromptProgress:
     """How far the prompt has been decoded (``prompt_progress=True``): one event before the first
-    chunk (processed 0) and one after each ``n_batch`` chunk; the last has processed == total.
+    chunk (processed == cached) and one after each ``n_batch`` chunk; the last has processed == total.
 
     Attributes:
-        processed: prompt tokens decoded so far.
+        processed: prompt tokens in the sequence's memory so far (the cached ones included).
         total: tokens in the prompt.
         prompt_time: seconds spent decoding the prompt so far.
+        cached: prompt tokens reused from the sequence's memory (the prompt cache), not decoded.
     """
 
     processed: int
     total: int
     prompt_time: float
+    cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,9 @@ class GenerationStats:
 
     Attributes:
         prompt_tokens: tokens in the prompt.
+        cached_tokens: of those, tokens reused from what the sequence's memory held from earlier
+            calls (the prompt cache: the longest common prefix, at most all but the last token),
+            so not decoded again; 0 with ``cache_prompt=False``.
         tokens: generated tokens (the end-of-generation token excluded).
         prefill_time: seconds spent decoding the prompt.
         time_to_first_token: seconds from the start of the call to the first token.
@@ -84,6 +89,7 @@ class GenerationStats:
     drafts_generated: int = 0
     drafts_accepted: int = 0
     seq: int = 0
+    cached_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float:

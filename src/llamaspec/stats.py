@@ -89,6 +89,8 @@ class SpecStats:
         shadow_drafts: with ``n_draft="auto"``, plain steps that also asked the drafter for a token
             without verifying it (to measure acceptance at no verify cost); not in drafts_generated.
         shadow_accepted: shadow drafts whose token equalled the one the plain step produced.
+        cached_tokens: prompt tokens reused from a sequence's memory instead of decoded (the
+            prompt cache; see GenerationStats.cached_tokens).
     """
 
     iterations: int
@@ -108,6 +110,7 @@ class SpecStats:
     shadow_drafts: int = 0
     shadow_accepted: int = 0
     passes: int = 0
+    cached_tokens: int = 0
 
     @classmethod
     def _from_native(cls, d: dict[str, Any]) -> SpecStats:

@@ -223,7 +223,7 @@ void validate_request(const GenRequest & req, const Context & ctx) {
 
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                         const nb::dict & sampling, std::string grammar_root, bool prompt_progress,
-                        int32_t draft_max, float p_min) {
+                        int32_t draft_max, float p_min, bool cache_prompt) {
     GenRequest req;
     req.prompt = std::move(prompt);
     req.max_tokens = max_tokens;
@@ -233,6 +233,7 @@ GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std
     req.prompt_progress = prompt_progress;
     req.draft_max = draft_max;
     req.p_min = p_min;
+    req.cache_prompt = cache_prompt;
     return req;
 }
 
@@ -279,6 +280,7 @@ bool decode_ok(int rc, const char * what) {
 static nb::typed<nb::dict, nb::str, nb::any> stats_to_dict(const GenStats & s) {
     nb::typed<nb::dict, nb::str, nb::any> d;
     d["prompt_tokens"] = s.prompt_tokens;
+    d["cached_tokens"] = s.cached_tokens;
     d["tokens"] = s.tokens;
     d["prefill_time"] = s.prefill_s;
     d["time_to_first_token"] = s.ttft_s;
@@ -302,7 +304,7 @@ nb::object event_to_python(Event & ev) {
             return nb::make_tuple(2, d);
         }
         case Event::PromptProgress:
-            return nb::make_tuple(4, ev.processed, ev.stats.prompt_tokens, ev.stats.prefill_s);
+            return nb::make_tuple(4, ev.processed, ev.stats.prompt_tokens, ev.stats.prefill_s, ev.stats.cached_tokens);
         case Event::Failure:
             break;
     }

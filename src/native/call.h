@@ -36,6 +36,7 @@ common_sampler_ptr make_sampler(const Model & model, common_params_sampling para
 
 struct GenStats {
     int32_t prompt_tokens = 0;
+    int32_t cached_tokens = 0;  // of the prompt, reused from the sequence's memory (not decoded)
     int32_t tokens = 0;
     double prefill_s = 0;     // decoding the prompt
     double ttft_s = 0;        // start of the call to the first token
@@ -102,6 +103,7 @@ struct GenRequest {
     bool prompt_progress = false;  // a PromptProgress event before the prompt and after each chunk
     int32_t draft_max = -1;        // this call's longest draft (0: none; -1: the session's n_draft)
     float p_min = -1.0f;           // this call's draft confidence threshold (-1: the session's; patch 0007)
+    bool cache_prompt = true;      // reuse what the sequence's memory holds of the prompt (prompt cache)
 };
 
 // Turns sampled token ids into Token events: valid UTF-8, stop strings, and the one-event hold-back
@@ -170,7 +172,7 @@ void validate_request(const GenRequest & req, const Context & ctx);
 // A request from the arguments of a binding's start() (sampling: the validated options dict).
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                         const nanobind::dict & sampling, std::string grammar_root, bool prompt_progress,
-                        int32_t draft_max, float p_min);
+                        int32_t draft_max, float p_min, bool cache_prompt);
 
 // Converts events and stats into Python objects for the bindings.
 nanobind::object event_to_python(Event & ev);

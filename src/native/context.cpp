@@ -241,6 +241,10 @@ struct DirectUse {
             throw Error(ErrorKind::Busy, "this context is in use: its session is generating, or another thread "
                                          "is calling it");
         }
+        c.note_direct_use();
+        // a session's engine left its prompt cache in the memory: the direct user gets it empty, as
+        // a session's context always was between calls
+        if (c.take_engine_cache()) c.clear_memory();
     }
     ~DirectUse() { c.end_lease(); }
     DirectUse(const DirectUse &) = delete;

@@ -60,6 +60,14 @@ public:
     // finds the context taken raises BusyError.
     bool try_lease() { return !leased_.exchange(true); }
     void end_lease() { leased_.store(false); }
+    // Direct calls so far: a session's prompt cache no longer knows what the memory holds once this
+    // has changed (engine.cpp drops it).
+    void note_direct_use() { direct_uses_.fetch_add(1); }
+    uint64_t direct_uses() const { return direct_uses_.load(); }
+    // A session's engine leaves its prompt cache in the memory (set when its thread leaves); the
+    // next direct user takes (and clears) it.
+    void leave_engine_cache() { engine_cache_.store(true); }
+    bool take_engine_cache() { return engine_cache_.exchange(false); }
 
     // Parks the CPU thread pools' threads (they sleep instead of spinning for new work); the next
     // decode wakes them. Only while no decode runs on this context or on one sharing its pools.
@@ -82,6 +90,8 @@ private:
     llama_context_params params_{};
     std::atomic<bool> abort_{false};
     std::atomic<bool> leased_{false};
+    std::atomic<uint64_t> direct_uses_{0};
+    std::atomic<bool> engine_cache_{false};
     // Persistent CPU thread pools (as upstream's tools attach): without them ggml creates and joins
     // a disposable pool, i.e. spawns n_threads - 1 threads, at every decode.
     ggml_threadpool * threadpool_ = nullptr;

@@ -85,10 +85,11 @@ struct Engine::SeqState {
     TokenEmitter emitter;
     SpecCounters delta;    // folded into the stats as we go
     SpecCounters figures;  // this call's own figures, for Done
-    llama_tokens prompt_tgt;  // what the drafter reads (speculative sessions)
+    llama_tokens prompt_tgt;  // the tokens at positions [0, size) of the memory (what the drafter reads)
     llama_token id_last = -1;  // sampled, not yet decoded (at position n_past)
     llama_pos n_past = 0;
-    int32_t n_prefilled = 0;  // prompt tokens decoded so far
+    int32_t n_prefilled = 0;  // prompt tokens in the memory so far (reused ones included)
+    bool begun = false;       // its prompt cache is looked up
     bool generating = false;  // its first token is out
     bool retired = false;     // handed back to its handle: never touch the call again
     // this iteration
@@ -107,6 +108,7 @@ struct Engine::SeqState {
 Engine::Engine(std::shared_ptr<Core> core)
     : core_(std::move(core)),
       shared_((size_t) core_->config.n_draft, core_->stage_types.size()),
+      cache_(*core_, core_->config.n_seq, core_->config.ctx_checkpoints),
       stage_time_((size_t) core_->config.n_draft, core_->stage_types.size()) {
     for (int32_t i = 0; i < core_->config.n_seq; ++i) slots_.push_back(std::make_shared<std::atomic<bool>>(false));
 }
@@ -127,11 +129,15 @@ std::shared_ptr<Run> Engine::start(const std::shared_ptr<Engine> & self, GenRequ
     validate_request(req, *core_->tgt);
     std::shared_ptr<std::atomic<bool>> slot;
     llama_seq_id seq = -1;
-    for (size_t i = 0; i < slots_.size() && !slot; ++i) {
-        bool expected = false;
-        if (slots_[i]->compare_exchange_strong(expected, true)) {
-            slot = slots_[i];
-            seq = (llama_seq_id) i;
+    {
+        // the free sequence whose cache holds most of this prompt (only here are sequences taken)
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<bool> free(slots_.size());
+        for (size_t i = 0; i < slots_.size(); ++i) free[i] = !slots_[i]->load();
+        seq = cache_.choose(free, req.cache_prompt ? req.prompt : std::vector<llama_token>{});
+        if (seq >= 0) {
+            slot = slots_[(size_t) seq];
+            slot->store(true);
         }
     }
     if (!slot) {
@@ -168,6 +174,8 @@ void Engine::leave() {
     // threads poll on for new work, slowing the process's other sessions)
     core_->tgt->pause_threadpools();
     if (core_->dft) core_->dft->pause_threadpools();
+    core_->tgt->leave_engine_cache();
+    if (core_->dft) core_->dft->leave_engine_cache();
     end_leases();
     running_ = false;
     released_cv_.notify_all();
@@ -191,6 +199,12 @@ void Engine::admit(const std::shared_ptr<CallState> & call) {
             throw Error(ErrorKind::Busy, "the session's draft context is in use by a direct call");
         }
         if (worker_.joinable()) worker_.join();  // the last thread has left its loop
+        // a direct call (Context.decode/clear) changed the memory since: what the cache knew is gone
+        const uint64_t direct = core_->tgt->direct_uses() + (core_->dft ? core_->dft->direct_uses() : 0);
+        if (direct != direct_seen_) {
+            cache_.forget_all();
+            direct_seen_ = direct;
+        }
         try {
             worker_ = std::thread([this] { loop(); });
         } catch (...) {  // nothing is registered yet
@@ -259,9 +273,7 @@ void Engine::retire(SeqState & s, const char * reason) {
     }
     // waits for a reader's copy (microseconds) so that stats read after Done include this call
     core_->stats->fold(c.seq, s.delta, shared_, true);
-    // free the sequence's cache now (the next call on it clears it again before its prompt)
-    llama_memory_seq_rm(llama_get_memory(core_->tgt->get()), c.seq, -1, -1);
-    if (core_->dft) llama_memory_seq_rm(llama_get_memory(core_->dft->get()), c.seq, -1, -1);
+    keep_cache(s, reason);
     if (reason != nullptr) {
         c.finish(reason, {{"iterations", (double) s.figures.iterations},
                           {"drafts_generated", (double) s.figures.drafts_generated},
@@ -273,6 +285,29 @@ void Engine::retire(SeqState & s, const char * reason) {
     registered_.erase(std::find(registered_.begin(), registered_.end(), &c));
     c.released = true;  // from here on the handle may close
     released_cv_.notify_all();
+}
+
+void Engine::keep_cache(SeqState & s, const char * reason) {
+    const llama_seq_id seq = s.c().seq;
+    // What the memory holds is known after a finished call (the prompt and what it generated) and,
+    // on attention-only memory, after a cancel (an aborted decode leaves no rows behind). A cancel on
+    // a recurrent state, or with a drafter's context (an aborted catch-up), or a failure: start over.
+    const bool finished = reason != nullptr && std::string(reason) != "cancelled";
+    const bool known = finished || (reason != nullptr && !cache_.checkpoints_needed() && !core_->dft);
+    if (!s.begun) return;  // nothing of this call reached the memory: it holds what it held
+    try {
+        if (!known) {
+            cache_.forget(seq);
+            llama_memory_seq_rm(llama_get_memory(core_->tgt->get()), seq, -1, -1);
+            if (core_->dft) llama_memory_seq_rm(llama_get_memory(core_->dft->get()), seq, -1, -1);
+        } else if (s.begun && s.prompt_tgt.empty()) {
+            cache_.keep(seq, llama_tokens(s.c().req.prompt.begin(), s.c().req.prompt.begin() + s.n_prefilled));
+        } else {
+            cache_.keep(seq, s.prompt_tgt);
+        }
+    } catch (...) {  // nothing is thrown here today; the next call starts afresh all the same
+        cache_.forget(seq);
+    }
 }
 
 void Engine::fail(SeqState & s, const Error & e) {
@@ -379,11 +414,10 @@ void Engine::run_loop(std::vector<std::unique_ptr<SeqState>> & seqs) {
 const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids) {
     CallState & c = s.c();
     const llama_vocab * vocab = core_->tgt->model()->vocab();
-    const bool spec = core_->speculative();
     const int32_t before = c.stats.tokens;
     const char * reason = nullptr;
     for (llama_token id : ids) {
-        if (spec && s.id_last >= 0) s.prompt_tgt.push_back(s.id_last);
+        if (s.id_last >= 0) s.prompt_tgt.push_back(s.id_last);  // decoded by the pass that sampled `id`
         s.id_last = id;
         reason = c.emit(s.emitter, vocab, id);
         if (c.stats.tokens > before && !s.generating) {
@@ -408,7 +442,6 @@ void Engine::prefill_chunk(SeqState & s) {
     // (one decode fewer).
     const int32_t n_prefix = (int32_t) prompt.size() - (spec ? 1 : 0);
     const Clock::time_point t0 = Clock::now();
-    if (s.n_prefilled == 0) seq_rm(seq, -1);  // a fresh start for every call: caches and recurrent state
     auto progress = [&](int32_t processed) {
         if (!c.req.prompt_progress) return;
         Event ev{Event::PromptProgress, -1, {}, c.stats, std::nullopt};
@@ -416,8 +449,16 @@ void Engine::prefill_chunk(SeqState & s) {
         ev.processed = processed;
         c.queue.push(std::move(ev));
     };
-    if (s.n_prefilled == 0) progress(0);
+    if (!s.begun) {
+        // the prompt cache: the longest prefix this sequence's memory still holds is not decoded again
+        s.begun = true;
+        s.n_prefilled = cache_.reuse(seq, prompt, c.req.cache_prompt);
+        c.stats.cached_tokens = s.n_prefilled;
+        s.delta.cached_tokens += (uint64_t) s.n_prefilled;
+        progress(s.n_prefilled);
+    }
     int32_t i_last = -1;  // plain: the row of the last prompt token in this chunk
+    const bool all_cached = s.n_prefilled >= n_prefix;  // nothing left to decode (speculative only)
     if (s.n_prefilled < n_prefix) {
         const int32_t n_batch = (int32_t) std::max<uint32_t>(1, llama_n_batch(ctx_tgt));
         const int32_t end = std::min(n_prefix, s.n_prefilled + n_batch);
@@ -458,7 +499,8 @@ void Engine::prefill_chunk(SeqState & s) {
     s.delta.prefill_us += us;
     shared_.prefill_us += us;
     if (s.n_prefilled < n_prefix) return;  // more chunks next iteration
-    if (n_prefix == 0) progress((int32_t) prompt.size());  // a one-token prompt of a speculative call
+    if (all_cached) progress((int32_t) prompt.size());  // the first verify decodes the last token
+    cache_.checkpoint(seq, n_prefix);  // recurrent models: a later prompt may diverge after this one
     for (llama_token t : prompt) common_sampler_accept(c.smpl.get(), t, false);
     if (spec) {
         s.prompt_tgt.assign(prompt.begin(), prompt.end() - 1);
@@ -469,6 +511,8 @@ void Engine::prefill_chunk(SeqState & s) {
         return;
     }
     // plain: the first token, sampled from the prompt's last row
+    s.prompt_tgt.assign(prompt.begin(), prompt.end());
+    s.prompt_tgt.reserve(core_->tgt->n_ctx());
     const Clock::time_point ts = Clock::now();
     const llama_token id = common_sampler_sample(c.smpl.get(), ctx_tgt, i_last);
     common_sampler_accept(c.smpl.get(), id, true);

@@ -13,6 +13,7 @@
 #include "speculative.h"  // common
 #include "adaptive.h"
 #include "call.h"
+#include "prompt_cache.h"
 #include "stats.h"
 
 namespace llamaspec {
@@ -31,6 +32,7 @@ struct SpecConfig {
     std::string ngram_cache_static;    // ngram-cache: optional cache files (common_ngram_cache_save format)
     std::string ngram_cache_dynamic;
     int32_t n_seq = 1;                 // sequences decoded together (each call takes one)
+    int32_t ctx_checkpoints = 8;       // prompt-cache checkpoints per sequence (recurrent models)
 };
 
 // What the engine decodes with, built by Session::create. Ownership: the draft context (absent for
@@ -116,6 +118,8 @@ private:
     // Emits sampled tokens up to the call's end; returns the finish reason, or nullptr.
     const char * emit_tokens(SeqState & s, const std::vector<llama_token> & ids);
     void retire(SeqState & s, const char * reason);
+    // At a call's end (reason nullptr: it failed): tells the prompt cache what its sequence holds.
+    void keep_cache(SeqState & s, const char * reason);
     void fail(SeqState & s, const Error & e);
     // Drops positions >= p0 of a sequence from both caches; a failure raises DecodeError.
     void seq_rm(llama_seq_id seq, llama_pos p0);
@@ -127,6 +131,8 @@ private:
 
     std::shared_ptr<Core> core_;
     std::vector<std::shared_ptr<std::atomic<bool>>> slots_;  // a sequence is taken (cleared by Run::close)
+    PromptCache cache_;        // what each sequence's memory holds between calls
+    uint64_t direct_seen_ = 0;  // the contexts' direct uses the cache has accounted for (under mutex_)
 
     mutable std::mutex mutex_;
     std::condition_variable released_cv_;

@@ -21,7 +21,8 @@ namespace llamaspec {
     X(uint64_t, tokens_emitted)   /* Token events */                                                 \
     X(uint64_t, shadow_drafts)    /* n_draft="auto": unverified one-token looks in plain steps */     \
     X(uint64_t, shadow_accepted)  /* ... whose token equalled the one the plain step sampled */       \
-    X(uint64_t, rate_tokens)      /* sum over calls of (tokens - 1): the numerator of tokens/s */
+    X(uint64_t, rate_tokens)      /* sum over calls of (tokens - 1): the numerator of tokens/s */  \
+    X(uint64_t, cached_tokens)    /* prompt tokens reused from the sequence's memory (prompt cache) */
 // Times: a sequence's are those of the passes it took part in; the totals count each shared pass once.
 #define LLAMASPEC_TIMES(X)                                                                           \
     X(uint64_t, passes)           /* target passes: one serves every sequence decoding */            \

@@ -358,7 +358,7 @@ def create_app(
             "truncated": False,
             "stop_type": "limit" if st.finish_reason == "length" else "eos" if r.eog else "word",
             "stopping_word": "",
-            "tokens_cached": 0,
+            "tokens_cached": st.prompt_tokens + st.tokens,  # what the sequence holds after the call
             "timings": timings(st, s.method != "none"),
         }
 
@@ -515,7 +515,7 @@ def create_app(
                 item |= {
                     "id_task": sl.id_task,
                     "n_prompt_tokens": sl.n_prompt_tokens,
-                    "n_prompt_tokens_cache": 0,
+                    "n_prompt_tokens_cache": sl.n_prompt_tokens_cache,
                     "params": sl.params,
                     "next_token": [
                         {

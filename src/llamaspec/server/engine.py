@@ -29,8 +29,8 @@ from .protocol import ApiError, Sampling
 @dataclass(frozen=True)
 class Call:
     """One generation call of a request: prompt ids, the exact token limit, sampling options, the
-    call's draft cap and draft confidence threshold (None: the session's), and whether to stream
-    prompt progress."""
+    call's draft cap and draft confidence threshold (None: the session's), whether to stream
+    prompt progress, and whether to reuse the sequence's cache (llama-server's cache_prompt)."""
 
     ids: list[int]
     max_tokens: int
@@ -38,6 +38,7 @@ class Call:
     draft_max: int | None = None
     p_min: float | None = None
     progress: bool = False
+    cache_prompt: bool = True
 
     def settings(self) -> dict[str, Any]:
         """The call's settings as JSON (llama-server's generation_settings); a banned token's bias
@@ -60,6 +61,7 @@ class Slot:
     id_task: int = -1
     is_processing: bool = False
     n_prompt_tokens: int = 0
+    n_prompt_tokens_cache: int = 0
     n_decoded: int = 0
     n_remain: int = -1
     params: dict[str, Any] = field(default_factory=dict)
@@ -70,7 +72,8 @@ class Totals:
     """Server-wide counters since start (what /metrics exports)."""
 
     requests: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # decoded (llama-server's "processed"): the cached ones are apart
+    prompt_tokens_cached: int = 0
     prompt_seconds: float = 0.0
     predicted_tokens: int = 0
     predicted_seconds: float = 0.0
@@ -83,7 +86,8 @@ class Totals:
 
     def add(self, st: GenerationStats) -> None:
         self.requests += 1
-        self.prompt_tokens += st.prompt_tokens
+        self.prompt_tokens += st.prompt_tokens - st.cached_tokens
+        self.prompt_tokens_cached += st.cached_tokens
         self.prompt_seconds += st.prefill_time
         self.predicted_tokens += st.tokens
         self.predicted_seconds += st.generation_time
@@ -92,7 +96,7 @@ class Totals:
         self.verify_steps += st.iterations
         self.n_tokens_max = max(self.n_tokens_max, st.prompt_tokens + st.tokens)
         if st.prefill_time > 0:
-            self.last_prompt_rate = st.prompt_tokens / st.prefill_time
+            self.last_prompt_rate = (st.prompt_tokens - st.cached_tokens) / st.prefill_time
         self.last_predicted_rate = st.tokens_per_second
 
 
@@ -203,6 +207,7 @@ class ServedModel:
             draft_max=spec.n_max if spec is not None else None,
             p_min=spec.p_min if spec is not None else None,
             progress=req.return_progress,
+            cache_prompt=req.cache_prompt,
         )
         seed = sampling.get("seed")
         if n == 1 or seed is None:
@@ -240,12 +245,14 @@ class ServedModel:
                 prompt_progress=call.progress,
                 draft_max=call.draft_max,
                 p_min=call.p_min,
+                cache_prompt=call.cache_prompt,
                 **call.sampling,
             )
             try:
                 async for ev in agen:
                     if isinstance(ev, Done):
                         self.totals.add(ev.stats)
+                        slot.n_prompt_tokens_cache = ev.stats.cached_tokens
                     elif isinstance(ev, Token):
                         slot.n_decoded += 1
                         slot.n_remain = call.max_tokens - slot.n_decoded

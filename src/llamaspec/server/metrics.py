@@ -18,7 +18,7 @@ _METRICS: tuple[tuple[str, str, str, Callable[[ServedModel], float]], ...] = (
     ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
      lambda s: s.totals.prompt_tokens),
     ("llamacpp:prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache.",
-     lambda s: 0),
+     lambda s: s.totals.prompt_tokens_cached),
     ("llamacpp:prompt_seconds_total", "counter", "Prompt process time.", lambda s: s.totals.prompt_seconds),
     ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
      lambda s: s.totals.predicted_tokens),

@@ -83,6 +83,7 @@ class Sampling(BaseModel):
     ignore_eos: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
+    cache_prompt: bool = True  # reuse what the sequence holds of the prompt (llama-server's field)
     verbose: bool = False
     speculative: SpeculativeFields | None = None
 
@@ -281,14 +282,15 @@ class DetokenizeRequest(BaseModel):
 def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
     """llama-server's ``timings`` (the first token is free: the rate is over n - 1 steps), and ours."""
     n = st.tokens
+    prompt_n = st.prompt_tokens - st.cached_tokens  # decoded; the cached ones are cache_n
     prompt_ms = st.prefill_time * 1e3
     predicted_ms = st.generation_time * 1e3
     out: dict[str, Any] = {
-        "cache_n": 0,
-        "prompt_n": st.prompt_tokens,
+        "cache_n": st.cached_tokens,
+        "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / st.prompt_tokens if st.prompt_tokens else 0.0,
-        "prompt_per_second": st.prompt_tokens / st.prefill_time if st.prefill_time > 0 else 0.0,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n / st.prefill_time if st.prefill_time > 0 else 0.0,
         "predicted_n": n,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / (n - 1) if n > 1 and predicted_ms > 0 else 0.0,
@@ -306,14 +308,15 @@ def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
 def progress(ev: PromptProgress) -> dict[str, Any]:
     """llama-server's ``prompt_progress`` and ``timings`` of a streamed progress chunk."""
     ms = ev.prompt_time * 1e3
+    decoded = ev.processed - ev.cached
     return {
-        "prompt_progress": {"total": ev.total, "cache": 0, "processed": ev.processed, "time_ms": ms},
+        "prompt_progress": {"total": ev.total, "cache": ev.cached, "processed": ev.processed, "time_ms": ms},
         "timings": {
-            "cache_n": 0,
-            "prompt_n": ev.processed,
+            "cache_n": ev.cached,
+            "prompt_n": decoded,
             "prompt_ms": ms,
-            "prompt_per_token_ms": ms / ev.processed if ev.processed else 0.0,
-            "prompt_per_second": ev.processed / ev.prompt_time if ev.prompt_time > 0 else 0.0,
+            "prompt_per_token_ms": ms / decoded if decoded else 0.0,
+            "prompt_per_second": decoded / ev.prompt_time if ev.prompt_time > 0 else 0.0,
             "predicted_n": 0,
             "predicted_ms": 0.0,
             "predicted_per_token_ms": 0.0,
@@ -331,7 +334,8 @@ def usage(calls: list[GenerationStats], one_prompt: bool = False) -> dict[str, A
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": calls[0].cached_tokens if one_prompt
+                                  else sum(st.cached_tokens for st in calls)},
     }
 
 
