@@ -112,6 +112,26 @@ def test_seeded_equals_seeded_over_http(plain: Server, spec: Server, smol: llama
         assert a.choices[0].text == b.choices[0].text == want
 
 
+def test_prompt_cache_over_http_is_lossless(plain: Server, spec: Server) -> None:
+    """A prompt no request has sent: decoded (but for what it shares with earlier ones); again: all
+    but its last token comes from the cache; with cache_prompt false: decoded whole. The same text
+    every time, on both servers."""
+    for server in (plain, spec):
+        c = client(server)
+        messages = [{"role": "user", "content": f"Name three rivers of Europe ({server.url})."}]
+        texts, cached = [], []
+        for extra in ({}, {}, {"cache_prompt": False}):
+            r = c.chat.completions.create(model="x", messages=messages, max_tokens=24,  # type: ignore[arg-type]
+                                          temperature=0, extra_body=extra)
+            assert r.usage is not None and r.usage.prompt_tokens_details is not None
+            texts.append(r.choices[0].message.content)
+            cached.append(r.usage.prompt_tokens_details.cached_tokens)
+            assert (r.model_extra or {})["timings"]["cache_n"] == cached[-1]
+        # (the first may reuse the chat template's opening from an earlier request)
+        n = r.usage.prompt_tokens
+        assert cached[0] < cached[1] == n - 1 and cached[2] == 0 and texts[0] == texts[1] == texts[2]
+
+
 def test_stream_equals_non_stream_with_usage(plain: Server) -> None:
     c = client(plain)
     whole = c.chat.completions.create(model="x", messages=CHAT, max_tokens=20, temperature=0)  # type: ignore[arg-type]
@@ -138,7 +158,7 @@ def test_stream_equals_non_stream_with_usage(plain: Server) -> None:
     # the same prompt twice: all of it but the last token comes from the sequence's cache
     cached = timings["cache_n"]
     assert timings["predicted_n"] == 20 and timings["prompt_n"] + cached == whole.usage.prompt_tokens  # type: ignore[union-attr]
-    assert cached == whole.usage.prompt_tokens - 1 == whole.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached == whole.usage.prompt_tokens - 1 == chunks[-1].usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
 
     text = "".join(
         ch.choices[0].text
@@ -538,6 +558,8 @@ def test_cli_usage_errors_exit_2(smol_path: str) -> None:
     assert r.returncode == 2
     r = run_cli("serve", smol_path, "--unknown-flag")
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr
+    r = run_cli("serve", smol_path, "--ctx-checkpoints", "-1")
+    assert r.returncode == 2 and "--ctx-checkpoints must be in [0, 1024]" in r.stderr
     r = run_cli()
     assert r.returncode == 2
 

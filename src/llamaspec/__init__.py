@@ -28,7 +28,7 @@ from .generator import Generator
 from .model import Model
 from .ngram import ngram_cache_create
 from .speculative import METHODS, MTP, Speculative
-from .stats import SpecStats, StageStats
+from .stats import PromptCacheInfo, SpecStats, StageStats
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ __all__ = [
     "Speculative",
     "MTP",
     "METHODS",
+    "PromptCacheInfo",
     "SpecStats",
     "StageStats",
     "ngram_cache_create",

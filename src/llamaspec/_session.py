@@ -28,7 +28,7 @@ from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
 from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
 from .model import Model
-from .stats import SpecStats
+from .stats import PromptCacheInfo, SpecStats
 
 _S = TypeVar("_S", bound="_StreamingSession")
 
@@ -541,6 +541,14 @@ class _StreamingSession:
         if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < self._n_seq):
             raise InvalidOptionError(f"seq must be None or within [0, {self._n_seq}), got {seq!r}")
         return SpecStats._from_native(self._require().stats(-1 if seq is None else seq))
+
+    def prompt_cache(self) -> tuple[PromptCacheInfo, ...]:
+        """What each sequence (index = seq) holds for the next call; readable from any thread.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
+        return tuple(PromptCacheInfo(*t) for t in self._require().prompt_cache())
 
     def reset_stats(self) -> None:
         """Zero the cumulative statistics.

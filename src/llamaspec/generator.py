@@ -6,7 +6,7 @@ from typing import Any
 
 from . import _native
 from ._log import sync_log_level
-from ._options import session_context_options
+from ._options import int_option, session_context_options
 from ._session import _StreamingSession
 from .errors import InvalidOptionError
 from .model import Model
@@ -28,12 +28,16 @@ class Generator(_StreamingSession):
         ...         print(piece, end="", flush=True)
     """
 
-    def __init__(self, model: Model, *, n_seq: int = 1, **options: Any) -> None:
+    def __init__(self, model: Model, *, n_seq: int = 1, ctx_checkpoints: int = 8, **options: Any) -> None:
         """Create the generator, its context and its engine.
 
         Args:
             model: the loaded model (shared, not owned).
             n_seq: calls that may run at once (1..64), each with n_ctx tokens of its own.
+            ctx_checkpoints: prompt-cache checkpoints kept per sequence, in [0, 1024] (README,
+                "Prompt cache"); they are taken on models whose state cannot be cut back (hybrid
+                and recurrent models) and for drafters that carry a hidden row (MTP, EAGLE-3).
+                0: none (a prompt that diverges inside what such a sequence holds is decoded anew).
             **options: context options (see Context): n_ctx (2048), n_threads, n_batch, ...;
                 n_seq_max and kv_unified are the session's own (set by n_seq).
 
@@ -44,10 +48,11 @@ class Generator(_StreamingSession):
         """
         if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 64:
             raise InvalidOptionError(f"n_seq must be an int within [1, 64], got {n_seq!r}")
+        checkpoints = int_option("ctx_checkpoints", ctx_checkpoints, 0, 1024)
         opts = session_context_options(options)
         native_model = model._require()
         sync_log_level()
-        native = _native.Session.create(native_model, opts, {"methods": [], "n_seq": n_seq}, None)
+        native = _native.Session.create(native_model, opts, {"methods": [], "n_seq": n_seq, "ctx_checkpoints": checkpoints}, None)
         self._init_session(model, native, opts, n_seq)
 
     def __repr__(self) -> str:

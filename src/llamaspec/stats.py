@@ -10,12 +10,28 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["SpecStats", "StageStats"]
+__all__ = ["PromptCacheInfo", "SpecStats", "StageStats"]
 
 #: The timers of ``timing_us`` (native counters ``<name>_us``).
 _TIMES = ("draft", "verify", "sample", "prefill", "total")
 #: Native counters that are not fields but feed derived ones (tokens_per_second, timing_us).
 _NATIVE_INPUTS = frozenset({"rate_tokens", "window_s", *(f"{k}_us" for k in _TIMES)})
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCacheInfo:
+    """What one sequence's memory holds for the next call (the prompt cache, README).
+
+    Attributes:
+        tokens: tokens at the start of the sequence that a call with the same prefix reuses.
+        checkpoints: saved states of what cannot be cut back (the recurrent state of hybrid models,
+            a drafter's hidden row), where a prompt that diverges earlier restarts.
+        checkpoint_bytes: host memory those checkpoints take.
+    """
+
+    tokens: int
+    checkpoints: int
+    checkpoint_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -293,7 +293,7 @@ void Engine::keep_cache(SeqState & s, const char * reason) {
     // on attention-only memory, after a cancel (an aborted decode leaves no rows behind). A cancel on
     // a recurrent state, or with a drafter's context (an aborted catch-up), or a failure: start over.
     const bool finished = reason != nullptr && std::string(reason) != "cancelled";
-    const bool known = finished || (reason != nullptr && !cache_.checkpoints_needed() && !core_->dft);
+    const bool known = finished || (reason != nullptr && !cache_.recurrent() && !core_->dft);
     if (!s.begun) return;  // nothing of this call reached the memory: it holds what it held
     try {
         if (!known) {
@@ -439,8 +439,10 @@ void Engine::prefill_chunk(SeqState & s) {
     const std::vector<llama_token> & prompt = c.req.prompt;
     // Speculative: every prompt token but the last, each chunk fed to the drafter; the last is the
     // first verify's [id_last]. Plain: the whole prompt, the first token sampled from its last row
-    // (one decode fewer).
-    const int32_t n_prefix = (int32_t) prompt.size() - (spec ? 1 : 0);
+    // (one decode fewer), except on recurrent models, where the last token also waits for the first
+    // pass so that the prompt cache's checkpoint before it serves the same prompt again.
+    const bool hold_last = spec || cache_.recurrent();
+    const int32_t n_prefix = (int32_t) prompt.size() - (hold_last ? 1 : 0);
     const Clock::time_point t0 = Clock::now();
     auto progress = [&](int32_t processed) {
         if (!c.req.prompt_progress) return;
@@ -458,13 +460,13 @@ void Engine::prefill_chunk(SeqState & s) {
         progress(s.n_prefilled);
     }
     int32_t i_last = -1;  // plain: the row of the last prompt token in this chunk
-    const bool all_cached = s.n_prefilled >= n_prefix;  // nothing left to decode (speculative only)
+    const bool all_cached = s.n_prefilled >= n_prefix;  // nothing left to decode (hold_last only)
     if (s.n_prefilled < n_prefix) {
         const int32_t n_batch = (int32_t) std::max<uint32_t>(1, llama_n_batch(ctx_tgt));
         const int32_t end = std::min(n_prefix, s.n_prefilled + n_batch);
         common_batch batch(ctx_tgt);
-        for (int32_t i = s.n_prefilled; i < end; ++i) batch.add(prompt[i], i, seq, !spec && i == n_prefix - 1);
-        if (!spec && end == n_prefix) i_last = end - 1 - s.n_prefilled;
+        for (int32_t i = s.n_prefilled; i < end; ++i) batch.add(prompt[i], i, seq, !hold_last && i == n_prefix - 1);
+        if (!hold_last && end == n_prefix) i_last = end - 1 - s.n_prefilled;
         // while this chunk decodes, a cancel of this call may abort it (and nothing else)
         struct Prefilling {
             Engine & e;
@@ -492,22 +494,22 @@ void Engine::prefill_chunk(SeqState & s) {
         }
         if (!ok) throw drafter_error(*core_, "the prompt");
         s.n_prefilled = end;
-        // speculative: the last prompt token goes with the first verify; it counts as processed here
+        // hold_last: the last prompt token goes with the first pass; it counts as processed here
         progress(end == n_prefix ? (int32_t) prompt.size() : end);
     }
     const double us = us_since(t0);
     s.delta.prefill_us += us;
     shared_.prefill_us += us;
     if (s.n_prefilled < n_prefix) return;  // more chunks next iteration
-    if (all_cached) progress((int32_t) prompt.size());  // the first verify decodes the last token
-    cache_.checkpoint(seq, n_prefix);  // recurrent models: a later prompt may diverge after this one
+    if (all_cached) progress((int32_t) prompt.size());  // the first pass decodes the last token
+    cache_.checkpoint(seq, n_prefix);  // a later prompt that diverges after this point restarts here
     for (llama_token t : prompt) common_sampler_accept(c.smpl.get(), t, false);
-    if (spec) {
+    if (hold_last) {
         s.prompt_tgt.assign(prompt.begin(), prompt.end() - 1);
         s.prompt_tgt.reserve(core_->tgt->n_ctx());
         s.id_last = prompt.back();
         s.n_past = n_prefix;
-        common_speculative_begin(spec, seq, s.prompt_tgt);
+        if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);
         return;
     }
     // plain: the first token, sampled from the prompt's last row

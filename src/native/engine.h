@@ -103,6 +103,7 @@ public:
     std::shared_ptr<Run> start(const std::shared_ptr<Engine> & self, GenRequest req);
     const std::shared_ptr<Core> & core() const { return core_; }
     int32_t n_taken() const;  // sequences taken by a call
+    std::vector<SeqCacheInfo> cache_info() const { return cache_.info(); }  // any thread
 
     // the handle's side
     void on_cancel(CallState & call);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "llama.h"
@@ -12,19 +13,28 @@ namespace llamaspec {
 
 struct Core;
 
-// The part of a sequence's state that llama_memory_seq_rm cannot cut back to an earlier position
-// (the recurrent state of hybrid and recurrent models, on the target and on a recurrent draft
-// model), and the drafter's own per-sequence state, as it was after positions [0, n_tokens).
+// What llama_memory_seq_rm cannot bring back to an earlier position, as it was after positions
+// [0, n_tokens): the recurrent state of hybrid and recurrent models (target, recurrent draft model)
+// and the drafter's own per-sequence state (the hidden row MTP and EAGLE-3 carry into their next
+// step, common_speculative_get_state; patch 0008 for MTP).
 struct Checkpoint {
     int32_t n_tokens = 0;
-    llama_pos dft_n = 0;  // positions the drafter's context held then (EAGLE-3 keeps one deferred)
+    llama_pos dft_n = 0;  // positions the drafter's context held then (EAGLE-3 defers its last one)
     std::vector<uint8_t> tgt, dft, spec;
     size_t bytes() const { return tgt.size() + dft.size() + spec.size(); }
 };
 
+// What one sequence's cache holds, for readers (Session.prompt_cache()).
+struct SeqCacheInfo {
+    int32_t tokens = 0;
+    int32_t checkpoints = 0;
+    size_t checkpoint_bytes = 0;
+};
+
 // The sequences' caches of one engine. Ownership: the engine's (one per session); it reads and
 // writes the Core's contexts, which outlive it. Threads: `choose` and `forget_all` run under the
-// engine's mutex; the rest on the engine thread, on a sequence its call holds.
+// engine's mutex, the others on the engine thread on a sequence its call holds; `info` from any
+// thread (the records are guarded by their own mutex).
 class PromptCache {
 public:
     // `max_checkpoints`: checkpoints kept per sequence (recurrent models only; the oldest goes first).
@@ -47,9 +57,10 @@ public:
     void forget(llama_seq_id seq);
     // Someone else changed the memory (a direct call on the context): forget every sequence.
     void forget_all();
-    // Bytes held by checkpoints (all sequences).
-    size_t checkpoint_bytes() const;
-    bool checkpoints_needed() const { return needs_checkpoints_; }
+    std::vector<SeqCacheInfo> info() const;
+    // The memory holds a recurrent state (target or draft model): a half-written step cannot be
+    // trimmed away.
+    bool recurrent() const { return tgt_recurrent_ || dft_recurrent_; }
 
 private:
     struct Seq {
@@ -59,14 +70,18 @@ private:
     };
     // seq_rm(seq, p0, -1) on both memories; false (and nothing removed from the target) when refused
     bool trim(llama_seq_id seq, llama_pos p0);
-    void clear(llama_seq_id seq);  // empties both memories (raises DecodeError when refused)
+    bool clear(llama_seq_id seq);  // forgets and empties both memories; false when llama.cpp refused
     bool restore(llama_seq_id seq, const Checkpoint & ck);
 
     Core & core_;
+    mutable std::mutex mutex_;  // guards seqs_ (the engine thread writes, readers copy)
     std::vector<Seq> seqs_;
     int32_t max_checkpoints_;
-    bool needs_checkpoints_ = false;  // the target or the draft model is recurrent or hybrid
-    bool dft_recurrent_ = false;
+    bool tgt_recurrent_ = false, dft_recurrent_ = false;
+    // the drafter carries a hidden row into its next step (MTP, EAGLE-3): a cut inside what a
+    // sequence holds goes back to a checkpoint, where that row was saved, when there is one
+    bool drafter_state_ = false;
+    bool eagle3_ = false;  // its context row P reads token P + 1 (checkpoints trim it to dft_n)
     uint64_t clock_ = 0;
 };
 

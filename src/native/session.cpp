@@ -4,11 +4,13 @@
 
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include "dict_util.h"
 #include "logging.h"
@@ -467,6 +469,7 @@ static SpecConfig config_from_dict(const nb::dict & d) {
     dict_get(d, "ngram_cache_static", c.ngram_cache_static);
     dict_get(d, "ngram_cache_dynamic", c.ngram_cache_dynamic);
     dict_get(d, "n_seq", c.n_seq);
+    dict_get(d, "ctx_checkpoints", c.ctx_checkpoints);
     return c;
 }
 
@@ -541,6 +544,16 @@ void register_session(nb::module_ & m) {
             "A consistent snapshot of the cumulative counters, in total (seq < 0) or of one sequence (never "
             "waits for the generation).")
         .def("reset_stats", [](Session & s) { s.core()->stats->reset(); })
+        .def(
+            "prompt_cache",
+            [](const Session & s) {
+                std::vector<std::tuple<int32_t, int32_t, size_t>> out;
+                for (const SeqCacheInfo & i : s.cache_info()) {
+                    out.emplace_back(i.tokens, i.checkpoints, i.checkpoint_bytes);
+                }
+                return out;
+            },
+            "Per sequence, what its memory holds for the next call: (tokens, checkpoints, checkpoint bytes).")
         .def("start",
              [](Session & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root, bool prompt_progress,

@@ -30,6 +30,7 @@ public:
     const std::shared_ptr<Core> & core() const { return core_; }
     bool busy() const { return engine_->n_taken() >= core_->config.n_seq; }  // every sequence is taken
     int32_t n_running() const { return engine_->n_taken(); }                 // sequences taken
+    std::vector<SeqCacheInfo> cache_info() const { return engine_->cache_info(); }
 
 private:
     static std::shared_ptr<Session> create_plain(std::shared_ptr<Model> model, llama_context_params params,

@@ -30,6 +30,7 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()
     queue: int = 64
     n_seq: int = 4
+    ctx_checkpoints: int = 8  # prompt-cache checkpoints per sequence (llama-server's --ctx-checkpoints)
     n_ctx: int = 0  # total over the sequences; 0: the model's training context (at most 16384)
     n_batch: int | None = None
     n_ubatch: int | None = None
@@ -117,6 +118,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         help="sequences decoded together: requests served at once (default 4)",
+    )
+    eng.add_argument(
+        "--ctx-checkpoints",
+        "-ctxcp",
+        dest="ctx_checkpoints",
+        type=int,
+        default=8,
+        help="prompt-cache checkpoints per sequence on hybrid/recurrent models and for MTP/EAGLE-3 "
+        "drafters (default 8; 0: none)",
     )
     eng.add_argument(
         "-c",
@@ -240,6 +250,8 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
                 keys += [line.strip() for line in f if line.strip()]
         except OSError as e:
             p.error(f"cannot read --api-key-file: {e}")
+    if not 0 <= a.ctx_checkpoints <= 1024:
+        p.error(f"--ctx-checkpoints must be in [0, 1024], got {a.ctx_checkpoints}")
     if a.n_seq < 1 or a.n_seq > 64:
         p.error(f"-np/--n-seq must be in [1, 64], got {a.n_seq}")
     if a.n_ctx < 0:
@@ -266,6 +278,7 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         cors_origins=tuple(o.strip() for o in a.cors_origins.split(",") if o.strip()),
         queue=a.queue,
         n_seq=a.n_seq,
+        ctx_checkpoints=a.ctx_checkpoints,
         n_ctx=a.n_ctx,
         n_batch=a.n_batch,
         n_ubatch=a.n_ubatch,

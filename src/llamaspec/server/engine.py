@@ -114,6 +114,7 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
         )
         if v is not None
     }
+    opts["ctx_checkpoints"] = cfg.ctx_checkpoints
     method = cfg.method
     if method is None:
         method = "mtp" if model.has_mtp else ("draft" if cfg.draft_model else "none")

