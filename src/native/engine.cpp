@@ -292,15 +292,15 @@ void Engine::keep_cache(SeqState & s, const char * reason) {
     // What the memory holds is known after a finished call (the prompt and what it generated) and,
     // on attention-only memory, after a cancel (an aborted decode leaves no rows behind). A cancel on
     // a recurrent state, or with a drafter's context (an aborted catch-up), or a failure: start over.
+    if (!s.begun) return;  // nothing of this call reached the memory: it holds what it held
     const bool finished = reason != nullptr && std::string(reason) != "cancelled";
     const bool known = finished || (reason != nullptr && !cache_.recurrent() && !core_->dft);
-    if (!s.begun) return;  // nothing of this call reached the memory: it holds what it held
     try {
         if (!known) {
             cache_.forget(seq);
             llama_memory_seq_rm(llama_get_memory(core_->tgt->get()), seq, -1, -1);
             if (core_->dft) llama_memory_seq_rm(llama_get_memory(core_->dft->get()), seq, -1, -1);
-        } else if (s.begun && s.prompt_tgt.empty()) {
+        } else if (s.prompt_tgt.empty()) {  // it ended inside its prompt
             cache_.keep(seq, llama_tokens(s.c().req.prompt.begin(), s.c().req.prompt.begin() + s.n_prefilled));
         } else {
             cache_.keep(seq, s.prompt_tgt);
