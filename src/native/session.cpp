@@ -547,8 +547,13 @@ void register_session(nb::module_ & m) {
         .def(
             "prompt_cache",
             [](const Session & s) {
+                std::vector<SeqCacheInfo> infos;
+                {
+                    nb::gil_scoped_release nogil;  // the cache's lock is held across one trim or restore
+                    infos = s.cache_info();
+                }
                 std::vector<std::tuple<int32_t, int32_t, size_t>> out;
-                for (const SeqCacheInfo & i : s.cache_info()) {
+                for (const SeqCacheInfo & i : infos) {
                     out.emplace_back(i.tokens, i.checkpoints, i.checkpoint_bytes);
                 }
                 return out;
