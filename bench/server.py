@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from pathlib import Path
 
 import httpx
@@ -133,6 +134,26 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+T = TypeVar("T")
+
+
+def alternate(
+    sides: dict[str, Callable[[], T]], runs: int, label: str = "", shown: Callable[[T], float] | None = None
+) -> dict[str, list[T]]:
+    """Each side once to warm up, then `runs` repetitions with the sides in alternating order; with a
+    label, one progress line per repetition (``shown`` picks the figure to print)."""
+    for f in sides.values():
+        f()
+    got: dict[str, list[T]] = {k: [] for k in sides}
+    for rep in range(runs):
+        for k in list(sides) if rep % 2 == 0 else list(reversed(sides)):
+            got[k].append(sides[k]())
+        if label and shown is not None:
+            figures = ", ".join(f"{k} {shown(got[k][-1]):.1f}" for k in sides)
+            print(f"  {label} rep {rep}: {figures}", flush=True)
+    return got
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -204,17 +225,7 @@ def main() -> None:
                     "serve": lambda: sse_stream(h, ours_url + "/v1/completions", ours_body, ours_text),
                     "upstream": lambda: sse_stream(h, up_url + "/completion", up_body, upstream_text),
                 }
-                for f in sides.values():
-                    f()  # warm-up
-                got: dict[str, list[Measure]] = {k: [] for k in sides}
-                for rep in range(args.runs):
-                    order = list(sides) if rep % 2 == 0 else list(reversed(sides))
-                    for k in order:
-                        got[k].append(sides[k]())
-                    print(
-                        f"  t={threads} rep {rep}: " + ", ".join(f"{k} {got[k][-1][0]:.1f}" for k in sides),
-                        flush=True,
-                    )
+                got = alternate(sides, args.runs, f"t={threads}", lambda m: m[0])
             lib.close()
             r = {k: med([m[0] for m in v]) for k, v in got.items()}
             ttft = {k: med([m[1] for m in v]) * 1e3 for k, v in got.items()}
@@ -256,17 +267,7 @@ def main() -> None:
                             clients, lambda: sse_stream(hc, up_url + "/completion", up_body, upstream_text)
                         ),
                     }
-                    for f2 in sides2.values():
-                        f2()
-                    agg: dict[str, list[float]] = {k: [] for k in sides2}
-                    for rep in range(args.runs):
-                        for k in list(sides2) if rep % 2 == 0 else list(reversed(sides2)):
-                            agg[k].append(sides2[k]())
-                        print(
-                            f"  t={t} clients={clients} rep {rep}: "
-                            + ", ".join(f"{k} {agg[k][-1]:.1f}" for k in sides2),
-                            flush=True,
-                        )
+                    agg = alternate(sides2, args.runs, f"t={t} clients={clients}", float)
                 pairs = med([a / b for a, b in zip(agg["serve"], agg["upstream"])])
                 lines.append(
                     f"| {t} | {clients} | {med(agg['serve']):.1f} | {med(agg['upstream']):.1f} | "
@@ -312,12 +313,7 @@ def ttft_section(
                 "serve": lambda: sse_stream(h, url + "/v1/completions", body, ours_text)[1],
                 "rtt": rtt,
             }
-            for f in sides.values():
-                f()
-            got: dict[str, list[float]] = {k: [] for k in sides}
-            for rep in range(args.ttft_runs):
-                for k in list(sides) if rep % 2 == 0 else list(reversed(sides)):
-                    got[k].append(sides[k]())
+            got = alternate(sides, args.ttft_runs)
         lib.close()
         added = med([(a - b) * 1e3 for a, b in zip(got["serve"], got["library"])])
         lines.append(
