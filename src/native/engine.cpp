@@ -297,9 +297,7 @@ void Engine::keep_cache(SeqState & s, const char * reason) {
     const bool known = finished || (reason != nullptr && !cache_.recurrent() && !core_->dft);
     try {
         if (!known) {
-            cache_.forget(seq);
-            llama_memory_seq_rm(llama_get_memory(core_->tgt->get()), seq, -1, -1);
-            if (core_->dft) llama_memory_seq_rm(llama_get_memory(core_->dft->get()), seq, -1, -1);
+            cache_.clear(seq);  // a refusal is the next call's: its reuse clears again, and raises
         } else if (s.prompt_tgt.empty()) {  // it ended inside its prompt
             cache_.keep(seq, llama_tokens(s.c().req.prompt.begin(), s.c().req.prompt.begin() + s.n_prefilled));
         } else {
@@ -504,17 +502,15 @@ void Engine::prefill_chunk(SeqState & s) {
     if (all_cached) progress((int32_t) prompt.size());  // the first pass decodes the last token
     cache_.checkpoint(seq, n_prefix);  // a later prompt that diverges after this point restarts here
     for (llama_token t : prompt) common_sampler_accept(c.smpl.get(), t, false);
+    s.prompt_tgt.assign(prompt.begin(), prompt.begin() + n_prefix);
+    s.prompt_tgt.reserve(core_->tgt->n_ctx());
     if (hold_last) {
-        s.prompt_tgt.assign(prompt.begin(), prompt.end() - 1);
-        s.prompt_tgt.reserve(core_->tgt->n_ctx());
         s.id_last = prompt.back();
         s.n_past = n_prefix;
         if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);
         return;
     }
     // plain: the first token, sampled from the prompt's last row
-    s.prompt_tgt.assign(prompt.begin(), prompt.end());
-    s.prompt_tgt.reserve(core_->tgt->n_ctx());
     const Clock::time_point ts = Clock::now();
     const llama_token id = common_sampler_sample(c.smpl.get(), ctx_tgt, i_last);
     common_sampler_accept(c.smpl.get(), id, true);

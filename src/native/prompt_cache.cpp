@@ -64,13 +64,18 @@ bool PromptCache::trim(llama_seq_id seq, llama_pos p0) {
     // hybrid memories try their recurrent part first and change nothing when it refuses
     if (!llama_memory_seq_rm(llama_get_memory(core_.tgt->get()), seq, p0, -1)) return false;
     if (core_.dft && !llama_memory_seq_rm(llama_get_memory(core_.dft->get()), seq, p0, -1)) {
-        clear(seq);  // the target is trimmed already: start this sequence afresh
+        clear_locked(seq);  // the target is trimmed already: start this sequence afresh
         return false;
     }
     return true;
 }
 
 bool PromptCache::clear(llama_seq_id seq) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return clear_locked(seq);
+}
+
+bool PromptCache::clear_locked(llama_seq_id seq) {
     seqs_[(size_t) seq].tokens.clear();
     seqs_[(size_t) seq].checkpoints.clear();
     const bool tgt = llama_memory_seq_rm(llama_get_memory(core_.tgt->get()), seq, -1, -1);
@@ -116,7 +121,7 @@ int32_t PromptCache::reuse(llama_seq_id seq, const std::vector<llama_token> & pr
         }
     }
     if (!kept) {
-        if (!clear(seq)) throw Error(ErrorKind::Decode, "could not empty sequence " + std::to_string(seq) + "'s cache");
+        if (!clear_locked(seq)) throw Error(ErrorKind::Decode, "could not empty sequence " + std::to_string(seq) + "'s cache");
         return 0;
     }
     s.tokens.resize((size_t) n_keep);  // until the call's end: what the memory is known to hold
@@ -146,7 +151,7 @@ void PromptCache::keep(llama_seq_id seq, const std::vector<llama_token> & tokens
     std::lock_guard<std::mutex> lock(mutex_);
     Seq & s = seqs_[(size_t) seq];
     if (!trim(seq, (llama_pos) tokens.size())) {
-        clear(seq);  // a failure here is the next call's: its reuse clears again, and raises
+        clear_locked(seq);  // a failure here is the next call's: its reuse clears again, and raises
         return;
     }
     s.tokens = tokens;

@@ -57,6 +57,8 @@ public:
     void forget(llama_seq_id seq);
     // Someone else changed the memory (a direct call on the context): forget every sequence.
     void forget_all();
+    // Forgets the sequence and empties its memory (both contexts); false when llama.cpp refused.
+    bool clear(llama_seq_id seq);
     std::vector<SeqCacheInfo> info() const;
     // The memory holds a recurrent state (target or draft model): a half-written step cannot be
     // trimmed away.
@@ -70,7 +72,7 @@ private:
     };
     // seq_rm(seq, p0, -1) on both memories; false (and nothing removed from the target) when refused
     bool trim(llama_seq_id seq, llama_pos p0);
-    bool clear(llama_seq_id seq);  // forgets and empties both memories; false when llama.cpp refused
+    bool clear_locked(llama_seq_id seq);  // clear() with mutex_ held
     bool restore(llama_seq_id seq, const Checkpoint & ck);
 
     Core & core_;
