@@ -8,7 +8,6 @@ from . import _native
 from ._log import sync_log_level
 from ._options import int_option, session_context_options
 from ._session import _StreamingSession
-from .errors import InvalidOptionError
 from .model import Model
 
 __all__ = ["Generator"]
@@ -46,8 +45,7 @@ class Generator(_StreamingSession):
             InvalidOptionError: an invalid option value.
             LlamaspecError: llama.cpp could not create the context.
         """
-        if isinstance(n_seq, bool) or not isinstance(n_seq, int) or not 1 <= n_seq <= 64:
-            raise InvalidOptionError(f"n_seq must be an int within [1, 64], got {n_seq!r}")
+        n_seq = int_option("n_seq", n_seq, 1, 64)
         checkpoints = int_option("ctx_checkpoints", ctx_checkpoints, 0, 1024)
         opts = session_context_options(options)
         native_model = model._require()
