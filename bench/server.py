@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import threading
 import time
@@ -36,7 +35,8 @@ import llamaspec
 from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mtp_speed import LEVELS  # noqa: E402
+from mtp_speed import LEVELS, med  # noqa: E402
+from plain_decode import eog_bias  # noqa: E402
 from upstream import build_tools, emit_report, free_port, serving, timed  # noqa: E402
 
 Measure = tuple[float, float, int]  # (tokens/s, seconds to the first token, tokens)
@@ -130,10 +130,6 @@ def concurrent(n: int, one: Callable[[], Measure]) -> float:
     return sum(m[2] for m in results) / wall
 
 
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
 T = TypeVar("T")
 
 
@@ -185,7 +181,7 @@ def main() -> None:
     info = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=LEVELS[args.level])
     model = llamaspec.Model(path)
     prompt_ids = list(info.cycle[:8])  # on the cycle: every draft is as designed
-    banned = {t: float("-inf") for t in range(model.n_vocab) if model.is_eog(t)}  # = the servers' ignore_eos
+    banned = eog_bias(model)  # = the servers' ignore_eos
     prompt = model.detokenize(prompt_ids)
     n = args.tokens
     ours_body = {"prompt": prompt_ids, "max_tokens": n, "temperature": 0, "stream": True, "ignore_eos": True}
