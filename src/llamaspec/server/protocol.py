@@ -279,23 +279,29 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
-    """llama-server's ``timings`` (the first token is free: the rate is over n - 1 steps), and ours."""
-    n = st.tokens
-    prompt_n = st.prompt_tokens - st.cached_tokens  # decoded; the cached ones are cache_n
-    prompt_ms = st.prefill_time * 1e3
-    predicted_ms = st.generation_time * 1e3
-    out: dict[str, Any] = {
-        "cache_n": st.cached_tokens,
-        "prompt_n": prompt_n,
+def _timings(cached: int, decoded: int, prompt_s: float, n: int, predicted_s: float) -> dict[str, Any]:
+    """llama-server's ``timings`` fields: the prompt's (``cache_n`` reused, ``prompt_n`` decoded) and
+    the generation's (the first token is free: the rate is over n - 1 steps)."""
+    prompt_ms = prompt_s * 1e3
+    predicted_ms = predicted_s * 1e3
+    return {
+        "cache_n": cached,
+        "prompt_n": decoded,
         "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": prompt_n / st.prefill_time if st.prefill_time > 0 else 0.0,
+        "prompt_per_token_ms": prompt_ms / decoded if decoded else 0.0,
+        "prompt_per_second": decoded / prompt_s if prompt_s > 0 else 0.0,
         "predicted_n": n,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / (n - 1) if n > 1 and predicted_ms > 0 else 0.0,
         "predicted_per_second": 1e3 / predicted_ms * (n - 1) if n > 1 and predicted_ms > 0 else 0.0,
     }
+
+
+def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
+    """llama-server's ``timings`` of a finished call, and ours (the speculative figures)."""
+    n = st.tokens
+    decoded = st.prompt_tokens - st.cached_tokens
+    out = _timings(st.cached_tokens, decoded, st.prefill_time, n, st.generation_time)
     if spec:
         out["draft_n"] = st.drafts_generated
         out["draft_n_accepted"] = st.drafts_accepted
@@ -308,20 +314,9 @@ def timings(st: GenerationStats, spec: bool) -> dict[str, Any]:
 def progress(ev: PromptProgress) -> dict[str, Any]:
     """llama-server's ``prompt_progress`` and ``timings`` of a streamed progress chunk."""
     ms = ev.prompt_time * 1e3
-    decoded = ev.processed - ev.cached
     return {
         "prompt_progress": {"total": ev.total, "cache": ev.cached, "processed": ev.processed, "time_ms": ms},
-        "timings": {
-            "cache_n": ev.cached,
-            "prompt_n": decoded,
-            "prompt_ms": ms,
-            "prompt_per_token_ms": ms / decoded if decoded else 0.0,
-            "prompt_per_second": decoded / ev.prompt_time if ev.prompt_time > 0 else 0.0,
-            "predicted_n": 0,
-            "predicted_ms": 0.0,
-            "predicted_per_token_ms": 0.0,
-            "predicted_per_second": 0.0,
-        },
+        "timings": _timings(ev.cached, ev.processed - ev.cached, ev.prompt_time, 0, 0.0),
     }
 
 
