@@ -122,11 +122,15 @@ def test_every_drafter_is_lossless_with_the_cache(fixture_dir: Path, fx_nomtp_in
             ngram = {"size_n": 3, "n_match": 4}
             opts: dict[str, Any] = {"ngram_options": ngram} if kind == "ngram-mod" else {}
 
-            def make() -> Session:
-                return Speculative(m, method=kind, draft_model=dm, n_draft=3, n_ctx=512, n_threads=1, **opts)
+            def make(mb: int = 0) -> Session:
+                return Speculative(m, method=kind, draft_model=dm, n_draft=3, n_ctx=512, n_threads=1,
+                                   prompt_cache_mb=mb, **opts)
 
             counts = check_lossless(m, make, first, temperature=0)
             assert counts[0] == len(first) + 24 - 1
+            # and through host memory (the drafter's context and state saved with the target's)
+            second = m.tokenize(m.detokenize(fx_nomtp_info.cycle[50:80]), add_special=False)
+            two_conversations(m, make, first, second)
         finally:
             if dm is not None:
                 dm.close()
@@ -229,3 +233,118 @@ def test_threads_see_cached_tokens_in_stats(fx_nomtp_info: FixtureInfo) -> None:
         assert seen == [len(prompt) - 1]
         (info,) = g.prompt_cache()
         assert info.tokens == len(prompt) + 3 and info.checkpoints == 1 and info.checkpoint_bytes > 0
+
+
+# -- the host-memory cache (prompt_cache_mb) ---------------------------------------------------------
+
+
+def two_conversations(model: llamaspec.Model, make: Callable[[int], Session], a: list[int], b: list[int],
+                      n: int = 16) -> None:
+    """Conversation a, then b on the same sequence, then each one's next turn: with a host cache, the
+    next turns reuse all that their first turns left, lossless against a session without any cache,
+    and a drafter drafts and has accepted what it does there (its state came back with the target's)."""
+    other = model.tokenize(" a different question entirely", add_special=False)
+    with make(64) as cached, make(0) as fresh:
+        got_a, _ = call(cached, a, n, temperature=0)
+        held_a = cached.prompt_cache()[0].tokens  # the prompt and what it generated, but the last token
+        got_b, st = call(cached, b, n, temperature=0)
+        held_b = cached.prompt_cache()[0].tokens
+        assert st.cached_tokens == 0 and st.seq == 0
+        ram = cached.prompt_cache_ram()
+        assert (ram.prompts, ram.tokens, ram.limit_bytes) == (1, held_a, 64 << 20) and ram.bytes > 0
+        cached_counts = []
+        for prompt in (a + got_a + other, b + got_b + other):
+            want, st_want = call(fresh, prompt, n, temperature=0, cache_prompt=False)
+            got, st = call(cached, prompt, n, temperature=0)
+            assert got == want
+            assert st.drafts_generated == st_want.drafts_generated
+            assert st.drafts_accepted == st_want.drafts_accepted
+            cached_counts.append(st.cached_tokens)
+        assert cached_counts == [held_a, held_b]
+        # each load took its prompt out and saved the one it replaced (b's first turn, then a's two)
+        assert cached.prompt_cache_ram().prompts == 1
+        assert fresh.prompt_cache_ram() == llamaspec.PromptCacheRamInfo(0, 0, 0, 0)
+
+
+@pytest.mark.fixture
+def test_host_cache_brings_back_a_conversation_on_a_hybrid_model(fx_mtp_levels: dict[str, FixtureInfo],
+                                                                 fx_nomtp_info: FixtureInfo) -> None:
+    with llamaspec.Model(fx_nomtp_info.path) as m:
+        a, b = m.tokenize("hello " * 20), m.tokenize("ab " * 20)
+        two_conversations(m, lambda mb: llamaspec.Generator(m, n_ctx=512, n_threads=1, prompt_cache_mb=mb),
+                          a, b)
+    with llamaspec.Model(fx_mtp_levels["100"].path) as m:
+        a, b = m.tokenize("hello " * 20), m.tokenize("ab " * 20)
+        two_conversations(m, lambda mb: MTP(m, n_draft=3, n_ctx=512, n_threads=1, prompt_cache_mb=mb), a, b)
+
+
+@pytest.mark.real_model
+def test_host_cache_with_a_draft_model_and_its_budget(smol: llamaspec.Model) -> None:
+    a = smol.tokenize("The quick brown fox jumps over the lazy dog. Then it")
+    b = smol.tokenize("Write a short poem about the sea, the wind and")
+
+    def make(mb: int) -> Session:
+        return Speculative(smol, method="draft", draft_model=smol, n_ctx=512, n_batch=16, n_ubatch=16,
+                           n_threads=2, prompt_cache_mb=mb)
+
+    two_conversations(smol, make, a, b)
+    # a budget that holds one saved prompt: the older one goes (SmolLM2 keeps ~46 KB a token in
+    # its two contexts, so 100 tokens are ~4.6 MB)
+    long_a, long_b, long_c = (smol.tokenize(f"{w} " * 99) for w in ("river", "mountain", "garden"))
+    with make(6) as s:
+        for p in (long_a, long_b, long_c):
+            call(s, p, 4, temperature=0)
+        ram = s.prompt_cache_ram()
+        assert ram.prompts == 1 and ram.tokens == len(long_b) + 3 and 4 << 20 < ram.bytes <= 6 << 20
+        _, st = call(s, long_b + [13], 4, temperature=0)
+        assert st.cached_tokens == len(long_b)  # loaded (and c saved in its place)
+        _, st = call(s, long_a + [13], 4, temperature=0)
+        assert st.cached_tokens == 0  # evicted
+    with make(1) as s:  # a budget smaller than any prompt's state: nothing is saved
+        call(s, long_a, 4, temperature=0)
+        call(s, long_b, 4, temperature=0)
+        assert s.prompt_cache_ram() == llamaspec.PromptCacheRamInfo(0, 0, 0, 1 << 20)
+
+
+@pytest.mark.fixture
+def test_host_cache_options_and_cache_prompt_false(fx_nomtp_info: FixtureInfo) -> None:
+    with llamaspec.Model(fx_nomtp_info.path) as m:
+        for bad in ({"prompt_cache_mb": -2}, {"prompt_cache_mb": True}, {"checkpoint_every": -1},
+                    {"checkpoint_every": 1.5}):
+            with pytest.raises(InvalidOptionError, match=next(iter(bad))):
+                llamaspec.Generator(m, n_ctx=256, **bad)
+            with pytest.raises(InvalidOptionError, match=next(iter(bad))):
+                MTP(m, n_ctx=256, **bad)
+        a, b = m.tokenize("hello " * 20), m.tokenize("ab " * 20)
+        with llamaspec.Generator(m, n_ctx=512, n_threads=1, prompt_cache_mb=-1) as g:
+            call(g, a, 4)
+            # a call without the cache neither reuses nor loads, but what it replaces is saved
+            _, st = call(g, a, 4, cache_prompt=False)
+            assert st.cached_tokens == 0
+            ram = g.prompt_cache_ram()
+            assert (ram.prompts, ram.tokens, ram.limit_bytes) == (1, len(a) + 3, None)
+            _, st = call(g, b, 4)
+            _, st = call(g, a + [7], 4)
+            assert st.cached_tokens == len(a) - 1  # loaded, then back to its checkpoint before a's end
+
+
+@pytest.mark.fixture
+def test_checkpoints_inside_a_long_prompt(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    with llamaspec.Model(fx_mtp_levels["74"].path) as m:
+        prompt = m.tokenize("hello world " * 12)
+        other = m.tokenize(" a different question entirely", add_special=False)
+        for every, want_cached in ((16, 64), (0, 0)):
+            def make() -> Session:
+                return MTP(m, n_draft=3, n_ctx=512, n_batch=16, n_ubatch=16, n_threads=1,
+                           checkpoint_every=every)
+
+            with make() as s, make() as fresh:
+                call(s, prompt, 8, temperature=0)
+                # chunks of 16 tokens: one checkpoint at the end of each, and one at the prompt's end
+                n_ck = s.prompt_cache()[0].checkpoints
+                assert n_ck == (min(8, (len(prompt) - 2) // 16 + 1) if every else 1)
+                # a divergence at 70: back to the checkpoint at 64, not to the start
+                p = prompt[:70] + other
+                got, st = call(s, p, 8, temperature=0)
+                want, _ = call(fresh, p, 8, temperature=0, cache_prompt=False)
+                assert got == want and st.cached_tokens == want_cached

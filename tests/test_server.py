@@ -132,6 +132,29 @@ def test_prompt_cache_over_http_is_lossless(plain: Server, spec: Server) -> None
         assert cached[0] < cached[1] == n - 1 and cached[2] == 0 and texts[0] == texts[1] == texts[2]
 
 
+def test_conversations_outnumbering_sequences_keep_their_cache(plain: Server) -> None:
+    """Three conversations on two sequences: the one whose sequence went to another comes back from
+    host memory (--cache-ram, on by default) and decodes only its new turn; the same text as
+    without any cache."""
+    c = client(plain)
+
+    def ask(messages: list[dict[str, str]], **extra: Any) -> tuple[str, int, int]:
+        r = c.chat.completions.create(model="x", messages=messages, max_tokens=16,  # type: ignore[arg-type]
+                                      temperature=0, extra_body=extra)
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        cached = r.usage.prompt_tokens_details.cached_tokens or 0
+        return r.choices[0].message.content or "", r.usage.prompt_tokens, cached
+
+    first = [{"role": "user", "content": "List the planets of the solar system in order, one fact each."}]
+    reply, n_first, _ = ask(first)
+    for topic in ("the history of the printing press in Europe", "how bread dough rises in a warm kitchen"):
+        ask([{"role": "user", "content": f"Write a long paragraph about {topic}, with many details."}])
+    follow = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And the moons?"}]
+    text, _, cached = ask(follow)
+    assert cached > n_first  # the first turn and its reply were not decoded again
+    assert text == ask(follow, cache_prompt=False)[0]
+
+
 def test_stream_equals_non_stream_with_usage(plain: Server) -> None:
     c = client(plain)
     whole = c.chat.completions.create(model="x", messages=CHAT, max_tokens=20, temperature=0)  # type: ignore[arg-type]
@@ -560,6 +583,10 @@ def test_cli_usage_errors_exit_2(smol_path: str) -> None:
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr
     r = run_cli("serve", smol_path, "--ctx-checkpoints", "-1")
     assert r.returncode == 2 and "--ctx-checkpoints must be in [0, 1024]" in r.stderr
+    r = run_cli("serve", smol_path, "--cache-ram", "-2")
+    assert r.returncode == 2 and "--cache-ram must be in [-1, 2**30]" in r.stderr
+    r = run_cli("serve", smol_path, "-cms", "-1")
+    assert r.returncode == 2 and "--checkpoint-every must be in [0, 2**30]" in r.stderr
     r = run_cli()
     assert r.returncode == 2
 
@@ -577,6 +604,8 @@ def test_cli_help_and_module_entry() -> None:
         "--metrics",
         "--chat-template-file",
         "-ngl",
+        "--cache-ram",
+        "--checkpoint-every",
     ):
         assert flag in r.stdout, flag
 

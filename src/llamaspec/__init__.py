@@ -28,7 +28,7 @@ from .generator import Generator
 from .model import Model
 from .ngram import ngram_cache_create
 from .speculative import METHODS, MTP, Speculative
-from .stats import PromptCacheInfo, SpecStats, StageStats
+from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats, StageStats
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "MTP",
     "METHODS",
     "PromptCacheInfo",
+    "PromptCacheRamInfo",
     "SpecStats",
     "StageStats",
     "ngram_cache_create",

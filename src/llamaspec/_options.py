@@ -290,6 +290,15 @@ def int_option(name: str, v: Any, lo: int, hi: int) -> int:
     return v
 
 
+def prompt_cache_config(ctx_checkpoints: Any, checkpoint_every: Any, prompt_cache_mb: Any) -> dict[str, int]:
+    """A session's prompt-cache options (Generator, Speculative), checked, for its native config."""
+    return {
+        "ctx_checkpoints": int_option("ctx_checkpoints", ctx_checkpoints, 0, 1024),
+        "checkpoint_every": int_option("checkpoint_every", checkpoint_every, 0, 1 << 30),
+        "prompt_cache_mb": int_option("prompt_cache_mb", prompt_cache_mb, -1, 1 << 30),
+    }
+
+
 def ngram_cache_paths(v: Any) -> tuple[str, str]:
     if isinstance(v, (str, os.PathLike)):
         return os.fspath(v), ""

@@ -28,7 +28,7 @@ from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
 from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
 from .model import Model
-from .stats import PromptCacheInfo, SpecStats
+from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats
 
 _S = TypeVar("_S", bound="_StreamingSession")
 
@@ -549,6 +549,15 @@ class _StreamingSession:
             ClosedError: the session is closed.
         """
         return tuple(PromptCacheInfo(*t) for t in self._require().prompt_cache())
+
+    def prompt_cache_ram(self) -> PromptCacheRamInfo:
+        """What the host-memory prompt cache holds (``prompt_cache_mb``); readable from any thread.
+
+        Raises:
+            ClosedError: the session is closed.
+        """
+        prompts, tokens, n_bytes, limit = self._require().prompt_cache_ram()
+        return PromptCacheRamInfo(prompts, tokens, n_bytes, None if limit == 2**64 - 1 else limit)
 
     def reset_stats(self) -> None:
         """Zero the cumulative statistics.

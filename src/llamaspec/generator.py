@@ -6,7 +6,7 @@ from typing import Any
 
 from . import _native
 from ._log import sync_log_level
-from ._options import int_option, session_context_options
+from ._options import int_option, prompt_cache_config, session_context_options
 from ._session import _StreamingSession
 from .model import Model
 
@@ -27,7 +27,8 @@ class Generator(_StreamingSession):
         ...         print(piece, end="", flush=True)
     """
 
-    def __init__(self, model: Model, *, n_seq: int = 1, ctx_checkpoints: int = 8, **options: Any) -> None:
+    def __init__(self, model: Model, *, n_seq: int = 1, ctx_checkpoints: int = 8,
+                 checkpoint_every: int = 8192, prompt_cache_mb: int = 0, **options: Any) -> None:
         """Create the generator, its context and its engine.
 
         Args:
@@ -37,6 +38,11 @@ class Generator(_StreamingSession):
                 "Prompt cache"); they are taken on models whose state cannot be cut back (hybrid
                 and recurrent models) and for drafters that carry a hidden row (MTP, EAGLE-3).
                 0: none (a prompt that diverges inside what such a sequence holds is decoded anew).
+            checkpoint_every: on those models, also a checkpoint inside a long prompt every this many
+                tokens (at the end of a prompt chunk), in [0, 2**30]; 0: only at prompt ends.
+            prompt_cache_mb: host memory (MiB) for prompts saved from sequences that a call reuses
+                for another prompt, loaded again when a prompt that shares their start comes back
+                (llama-server's --cache-ram); least recently saved go first. 0: off; -1: no limit.
             **options: context options (see Context): n_ctx (2048), n_threads, n_batch, ...;
                 n_seq_max and kv_unified are the session's own (set by n_seq).
 
@@ -46,11 +52,11 @@ class Generator(_StreamingSession):
             LlamaspecError: llama.cpp could not create the context.
         """
         n_seq = int_option("n_seq", n_seq, 1, 64)
-        checkpoints = int_option("ctx_checkpoints", ctx_checkpoints, 0, 1024)
+        cache = prompt_cache_config(ctx_checkpoints, checkpoint_every, prompt_cache_mb)
         opts = session_context_options(options)
         native_model = model._require()
         sync_log_level()
-        native = _native.Session.create(native_model, opts, {"methods": [], "n_seq": n_seq, "ctx_checkpoints": checkpoints}, None)
+        native = _native.Session.create(native_model, opts, {"methods": [], "n_seq": n_seq, **cache}, None)
         self._init_session(model, native, opts, n_seq)
 
     def __repr__(self) -> str:

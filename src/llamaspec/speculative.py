@@ -17,6 +17,7 @@ from ._options import (
     int_option,
     ngram_cache_paths,
     normalize_methods,
+    prompt_cache_config,
     session_context_options,
 )
 from ._session import _StreamingSession
@@ -69,6 +70,8 @@ class Speculative(_StreamingSession):
         n_ctx: int = 2048,
         n_seq: int = 1,
         ctx_checkpoints: int = 8,
+        checkpoint_every: int = 8192,
+        prompt_cache_mb: int = 0,
         **options: Any,
     ) -> None:
         """Check the configuration, load the draft model if given as a path, and build the target
@@ -102,10 +105,9 @@ class Speculative(_StreamingSession):
             n_seq: sequences decoded together, in [1, 64]: up to n_seq calls (``stream`` from
                 different threads or tasks, ``generate_batch``) run at once, each on its own
                 sequence, and share every draft and verify pass. ``n_draft="auto"`` needs n_seq=1.
-            ctx_checkpoints: prompt-cache checkpoints kept per sequence, in [0, 1024] (README,
-                "Prompt cache"); they are taken on models whose state cannot be cut back (hybrid
-                and recurrent models) and for drafters that carry a hidden row (MTP, EAGLE-3).
-                0: none (a prompt that diverges inside what such a sequence holds is decoded anew).
+            ctx_checkpoints, checkpoint_every, prompt_cache_mb: the prompt cache, as for Generator
+                (README, "Prompt cache"); the drafter's state is checkpointed and saved with the
+                target's.
             **options: other context options (see Context), applied to both contexts. ``n_batch``
                 must hold a verify of every sequence: n_seq * (1 + n_draft) tokens.
 
@@ -131,14 +133,13 @@ class Speculative(_StreamingSession):
                 raise InvalidOptionError("n_draft_max applies to n_draft='auto' (with an int n_draft it is n_draft)")
         n_draft_min = int_option("n_draft_min", n_draft_min, 0, n_draft)
         n_seq = int_option("n_seq", n_seq, 1, 64)
-        checkpoints = int_option("ctx_checkpoints", ctx_checkpoints, 0, 1024)
+        cache = prompt_cache_config(ctx_checkpoints, checkpoint_every, prompt_cache_mb)
         if adaptive and n_seq > 1:
             raise InvalidOptionError("n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence")
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise InvalidOptionError(f"p_min must be a number within [0, 1], got {p_min!r}")
         config: dict[str, Any] = {"methods": methods, "n_draft": n_draft, "n_draft_min": n_draft_min,
-                                  "p_min": float(p_min), "adaptive": adaptive, "n_seq": n_seq,
-                                  "ctx_checkpoints": checkpoints}
+                                  "p_min": float(p_min), "adaptive": adaptive, "n_seq": n_seq, **cache}
         if ngram_options is not None:
             if not isinstance(ngram_options, Mapping):
                 raise InvalidOptionError(f"ngram_options must be a mapping, got {ngram_options!r}")

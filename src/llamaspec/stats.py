@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["PromptCacheInfo", "SpecStats", "StageStats"]
+__all__ = ["PromptCacheInfo", "PromptCacheRamInfo", "SpecStats", "StageStats"]
 
 #: The timers of ``timing_us`` (native counters ``<name>_us``).
 _TIMES = ("draft", "verify", "sample", "prefill", "total")
@@ -32,6 +32,24 @@ class PromptCacheInfo:
     tokens: int
     checkpoints: int
     checkpoint_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCacheRamInfo:
+    """The host-memory prompt cache (``prompt_cache_mb``): prompts saved from sequences that a call
+    reused for another prompt, to be loaded when a prompt that shares their start comes back.
+
+    Attributes:
+        prompts: saved prompts.
+        tokens: their tokens, all together.
+        bytes: host memory they take (their states, checkpoints included).
+        limit_bytes: the budget; 0 when the cache is off, None when it has no limit.
+    """
+
+    prompts: int
+    tokens: int
+    bytes: int
+    limit_bytes: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,7 @@ struct Engine::SeqState {
 Engine::Engine(std::shared_ptr<Core> core)
     : core_(std::move(core)),
       shared_((size_t) core_->config.n_draft, core_->stage_types.size()),
-      cache_(*core_, core_->config.n_seq, core_->config.ctx_checkpoints),
+      cache_(*core_),
       stage_time_((size_t) core_->config.n_draft, core_->stage_types.size()) {
     for (int32_t i = 0; i < core_->config.n_seq; ++i) slots_.push_back(std::make_shared<std::atomic<bool>>(false));
 }
@@ -492,6 +492,7 @@ void Engine::prefill_chunk(SeqState & s) {
         }
         if (!ok) throw drafter_error(*core_, "the prompt");
         s.n_prefilled = end;
+        if (end < n_prefix) cache_.checkpoint(seq, end, /*periodic=*/true);  // inside a long prompt
         // hold_last: the last prompt token goes with the first pass; it counts as processed here
         progress(end == n_prefix ? (int32_t) prompt.size() : end);
     }

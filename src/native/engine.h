@@ -33,6 +33,8 @@ struct SpecConfig {
     std::string ngram_cache_dynamic;
     int32_t n_seq = 1;                 // sequences decoded together (each call takes one)
     int32_t ctx_checkpoints = 8;       // prompt-cache checkpoints per sequence (recurrent models)
+    int32_t checkpoint_every = 8192;   // and one inside a prompt every this many tokens (0: none)
+    int64_t prompt_cache_mb = 0;       // host memory for saved sequences (0: none, -1: no limit)
 };
 
 // What the engine decodes with, built by Session::create. Ownership: the draft context (absent for
@@ -104,6 +106,7 @@ public:
     const std::shared_ptr<Core> & core() const { return core_; }
     int32_t n_taken() const;  // sequences taken by a call
     std::vector<SeqCacheInfo> cache_info() const { return cache_.info(); }  // any thread
+    RamCacheInfo ram_cache_info() const { return cache_.ram_info(); }      // any thread
 
     // the handle's side
     void on_cancel(CallState & call);

@@ -470,6 +470,8 @@ static SpecConfig config_from_dict(const nb::dict & d) {
     dict_get(d, "ngram_cache_dynamic", c.ngram_cache_dynamic);
     dict_get(d, "n_seq", c.n_seq);
     dict_get(d, "ctx_checkpoints", c.ctx_checkpoints);
+    dict_get(d, "checkpoint_every", c.checkpoint_every);
+    dict_get(d, "prompt_cache_mb", c.prompt_cache_mb);
     return c;
 }
 
@@ -559,6 +561,17 @@ void register_session(nb::module_ & m) {
                 return out;
             },
             "Per sequence, what its memory holds for the next call: (tokens, checkpoints, checkpoint bytes).")
+        .def(
+            "prompt_cache_ram",
+            [](const Session & s) {
+                RamCacheInfo i;
+                {
+                    nb::gil_scoped_release nogil;  // the cache's lock is held across one save or load
+                    i = s.ram_cache_info();
+                }
+                return std::make_tuple(i.prompts, i.tokens, i.bytes, i.limit_bytes);
+            },
+            "The host-memory prompt cache: (prompts, tokens, bytes, limit bytes; 0 off, 2**64-1 no limit).")
         .def("start",
              [](Session & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root, bool prompt_progress,

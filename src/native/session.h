@@ -31,6 +31,7 @@ public:
     bool busy() const { return engine_->n_taken() >= core_->config.n_seq; }  // every sequence is taken
     int32_t n_running() const { return engine_->n_taken(); }                 // sequences taken
     std::vector<SeqCacheInfo> cache_info() const { return engine_->cache_info(); }
+    RamCacheInfo ram_cache_info() const { return engine_->ram_cache_info(); }
 
 private:
     static std::shared_ptr<Session> create_plain(std::shared_ptr<Model> model, llama_context_params params,

@@ -31,6 +31,8 @@ class ServerConfig:
     queue: int = 64
     n_seq: int = 4
     ctx_checkpoints: int = 8  # prompt-cache checkpoints per sequence (llama-server's --ctx-checkpoints)
+    checkpoint_every: int = 8192  # and one inside a prompt every this many tokens (--checkpoint-min-step)
+    cache_ram_mb: int = 8192  # host memory for saved prompts (llama-server's --cache-ram; -1: no limit)
     n_ctx: int = 0  # total over the sequences; 0: the model's training context (at most 16384)
     n_batch: int | None = None
     n_ubatch: int | None = None
@@ -127,6 +129,25 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=8,
         help="prompt-cache checkpoints per sequence on hybrid/recurrent models and for MTP/EAGLE-3 "
         "drafters (default 8; 0: none)",
+    )
+    eng.add_argument(
+        "--checkpoint-every",
+        "--checkpoint-min-step",
+        "-cms",
+        dest="checkpoint_every",
+        type=int,
+        default=8192,
+        help="on those models, also a checkpoint inside a long prompt every N tokens (default 8192; 0: only "
+        "at prompt ends)",
+    )
+    eng.add_argument(
+        "--cache-ram",
+        "-cram",
+        dest="cache_ram_mb",
+        type=int,
+        default=8192,
+        help="host memory in MiB for prompts saved from sequences reused for another prompt, loaded again "
+        "when their prompt comes back (default 8192; 0: off; -1: no limit)",
     )
     eng.add_argument(
         "-c",
@@ -252,6 +273,10 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
             p.error(f"cannot read --api-key-file: {e}")
     if not 0 <= a.ctx_checkpoints <= 1024:
         p.error(f"--ctx-checkpoints must be in [0, 1024], got {a.ctx_checkpoints}")
+    if not 0 <= a.checkpoint_every <= 1 << 30:
+        p.error(f"--checkpoint-every must be in [0, 2**30], got {a.checkpoint_every}")
+    if not -1 <= a.cache_ram_mb <= 1 << 30:
+        p.error(f"--cache-ram must be in [-1, 2**30], got {a.cache_ram_mb}")
     if a.n_seq < 1 or a.n_seq > 64:
         p.error(f"-np/--n-seq must be in [1, 64], got {a.n_seq}")
     if a.n_ctx < 0:
@@ -279,6 +304,8 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         queue=a.queue,
         n_seq=a.n_seq,
         ctx_checkpoints=a.ctx_checkpoints,
+        checkpoint_every=a.checkpoint_every,
+        cache_ram_mb=a.cache_ram_mb,
         n_ctx=a.n_ctx,
         n_batch=a.n_batch,
         n_ubatch=a.n_ubatch,

@@ -114,7 +114,8 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
         )
         if v is not None
     }
-    opts["ctx_checkpoints"] = cfg.ctx_checkpoints
+    opts.update(ctx_checkpoints=cfg.ctx_checkpoints, checkpoint_every=cfg.checkpoint_every,
+                prompt_cache_mb=cfg.cache_ram_mb)
     method = cfg.method
     if method is None:
         method = "mtp" if model.has_mtp else ("draft" if cfg.draft_model else "none")
