@@ -16,11 +16,17 @@ every side decodes the same prompts.
   with the turn's token ids, streamed: the client's time to the first token per turn. Each run
   starts its conversation with another first message, so no run reuses the one before.
 
+- switch (host-memory cache): two such conversations taking turns on one sequence (A1 B1 A2 B2
+  ...), so each turn finds the other conversation in the sequence. Library: time to the first token
+  with prompt_cache_mb=1024 (the other conversation's state is saved and loaded back) against 0
+  (only the sequence's own cache, so each turn decodes its whole history); servers: `llamaspec
+  serve` against llama-server, -np 1, both with their default --cache-ram 8192.
+
 On SmolLM2 (plain decoding) and on the MTP speed fixture (qwen35 hybrid, MTP n_draft 3). Sides
 alternate within every turn; medians over --runs.
 
 Usage: python bench/prompt_cache.py [--runs 3] [--threads 1 2] [--models smollm2 mtp]
-       [--sections library server] [--turns 8] [--user 150] [--tokens 64]
+       [--sections library server switch] [--turns 8] [--user 150] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -109,11 +115,11 @@ class Ideal:
         self.ctx.close()
 
 
-def make_session(kind: str, model: llamaspec.Model, threads: int,
-                 n_ctx: int) -> llamaspec.Generator | llamaspec.Speculative:
+def make_session(kind: str, model: llamaspec.Model, threads: int, n_ctx: int,
+                 ram_mb: int = 0) -> llamaspec.Generator | llamaspec.Speculative:
     if kind == "mtp":
-        return llamaspec.MTP(model, n_draft=3, n_ctx=n_ctx, n_threads=threads)
-    return llamaspec.Generator(model, n_ctx=n_ctx, n_threads=threads)
+        return llamaspec.MTP(model, n_draft=3, n_ctx=n_ctx, n_threads=threads, prompt_cache_mb=ram_mb)
+    return llamaspec.Generator(model, n_ctx=n_ctx, n_threads=threads, prompt_cache_mb=ram_mb)
 
 
 def conversation(model: llamaspec.Model, kind: str, seed: int, args: argparse.Namespace,
@@ -212,15 +218,66 @@ def sse_ttft(h: httpx.Client, url: str, body: dict[str, object]) -> tuple[float,
     return first, cache_n
 
 
+def switching(model: llamaspec.Model, kind: str, seed: int, args: argparse.Namespace,
+              banned: dict[int, float]) -> list[list[int]]:
+    """Two conversations taking turns: A1 B1 A2 B2 ..."""
+    a, b = (conversation(model, kind, seed + i, args, banned) for i in (0, 1))
+    return [p for pair in zip(a, b) for p in pair]
+
+
+def switch_library(model: llamaspec.Model, kind: str, args: argparse.Namespace, banned: dict[int, float],
+                   lines: list[str]) -> None:
+    prompts = switching(model, kind, 200, args, banned)
+    lines += ["", f"### switch, library, {kind}: two conversations taking turns on one sequence", "",
+              "| threads | turn | prompt | cached, ram | TTFT ram (ms) | cached, no ram | TTFT no ram (ms) "
+              "| no ram/ram |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    totals: list[str] = []
+    for threads in args.threads:
+        res: dict[int, list[list[float]]] = {mb: [[] for _ in prompts] for mb in (1024, 0)}
+        cached = {mb: [0] * len(prompts) for mb in (1024, 0)}
+        tot: dict[int, list[float]] = {1024: [], 0: []}
+        ram_mb = 0.0
+        for run in range(args.runs):
+            with make_session(kind, model, threads, args.n_ctx, 1024) as on, \
+                    make_session(kind, model, threads, args.n_ctx, 0) as off:
+                sessions = {1024: on, 0: off}
+                warm = [(prompts[0][0] + 1) % model.n_vocab] * 2  # a token no prompt starts with
+                for s in (on, off):
+                    s.generate(warm, 2, temperature=0)
+                t = {1024: 0.0, 0: 0.0}
+                for k, prompt in enumerate(prompts):
+                    for mb in (1024, 0) if (run + k) % 2 == 0 else (0, 1024):
+                        t0 = time.perf_counter()
+                        first, _, cached[mb][k] = ttft_call(sessions[mb], prompt, args.tokens, banned, True)
+                        t[mb] += time.perf_counter() - t0
+                        res[mb][k].append(first)
+                for mb in t:
+                    tot[mb].append(t[mb])
+                ram_mb = on.prompt_cache_ram().bytes / 1e6
+        for k, prompt in enumerate(prompts):
+            a, b = med(res[1024][k]), med(res[0][k])
+            lines.append(f"| {threads} | {'AB'[k % 2]}{k // 2 + 1} | {len(prompt)} | {cached[1024][k]} "
+                         f"| {a * 1e3:.1f} | {cached[0][k]} | {b * 1e3:.1f} | {b / a:.2f} |")
+        on, off = med(tot[1024]), med(tot[0])
+        totals.append(f"- {threads} thread(s): both conversations {on:.2f} s with prompt_cache_mb=1024, "
+                      f"{off:.2f} s with 0: {off / on:.2f}x; host cache at the end {ram_mb:.1f} MB")
+    lines += [""] + totals
+
+
 def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.Namespace, bin_dir: Path,
-                   banned: dict[int, float], lines: list[str]) -> None:
+                   banned: dict[int, float], lines: list[str], switch: bool = False) -> None:
     mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0"]
     spec = mtp if kind == "mtp" else []
-    lines += ["", f"### servers, {kind}: client's time to the first token per turn (ms), -np 1", "",
+    what = "two conversations taking turns, --cache-ram 8192" if switch else "one conversation"
+    lines += ["", f"### servers, {kind}, {what}: client's time to the first token per turn (ms), -np 1", "",
               "| threads | turn | prompt | serve cached | serve TTFT | llama-server cached "
               "| llama-server TTFT | serve/llama-server |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    convs = [conversation(model, kind, 100 + r, args, banned) for r in range(args.runs)]
+    if switch:
+        convs = [switching(model, kind, 300 + 2 * r, args, banned) for r in range(args.runs)]
+    else:
+        convs = [conversation(model, kind, 100 + r, args, banned) for r in range(args.runs)]
+    n_turns = len(convs[0])
     for threads in args.threads:
         def flags(port: int) -> list[str]:
             return ["-m", path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -229,8 +286,8 @@ def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
         po, pu = free_port(), free_port()
         ours = [sys.executable, "-m", "llamaspec", "serve", *flags(po)]
         up = [str(bin_dir / "llama-server"), *flags(pu), "--no-webui"]
-        res: dict[str, list[list[float]]] = {side: [[] for _ in range(args.turns)] for side in "ou"}
-        cache: dict[str, list[int]] = {"o": [0] * args.turns, "u": [0] * args.turns}
+        res: dict[str, list[list[float]]] = {side: [[] for _ in range(n_turns)] for side in "ou"}
+        cache: dict[str, list[int]] = {"o": [0] * n_turns, "u": [0] * n_turns}
         with serving(ours, po) as ours_url, serving(up, pu) as up_url, httpx.Client(timeout=600) as h:
             warm = [(convs[0][0][0] + 1) % model.n_vocab] * 2  # a token no prompt starts with
             for url in (ours_url, up_url):
@@ -244,9 +301,10 @@ def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
                         t, n = sse_ttft(h, url, body)
                         res[side][k].append(t)
                         cache[side][k] = n
-        for k in range(args.turns):
+        for k in range(n_turns):
             o, u = med(res["o"][k]), med(res["u"][k])
-            lines.append(f"| {threads} | {k + 1} | {len(convs[0][k])} | {cache['o'][k]} | {o * 1e3:.1f} "
+            turn = f"{'AB'[k % 2]}{k // 2 + 1}" if switch else str(k + 1)
+            lines.append(f"| {threads} | {turn} | {len(convs[0][k])} | {cache['o'][k]} | {o * 1e3:.1f} "
                          f"| {cache['u'][k]} | {u * 1e3:.1f} | {o / u:.2f} |")
 
 
@@ -255,7 +313,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--models", nargs="+", choices=["smollm2", "mtp"], default=["smollm2", "mtp"])
-    ap.add_argument("--sections", nargs="+", choices=["library", "server"], default=["library", "server"])
+    ap.add_argument("--sections", nargs="+", choices=["library", "server", "switch"],
+                    default=["library", "server", "switch"])
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--user", type=int, default=150)
     ap.add_argument("--tokens", type=int, default=64)
@@ -264,7 +323,8 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
 
-    bin_dir = build_tools("llama-server") if "server" in args.sections else Path()
+    servers = "server" in args.sections or "switch" in args.sections
+    bin_dir = build_tools("llama-server") if servers else Path()
     lines = [f"{args.turns} turns of a {args.user}-token user message and {args.tokens} generated tokens "
              f"(greedy, end-of-generation banned); medians of {args.runs} runs; sides alternate per turn."]
     for kind in args.models:
@@ -282,6 +342,9 @@ def main() -> None:
                 library_section(model, kind, args, banned, lines)
             if "server" in args.sections:
                 server_section(path_s, model, kind, args, bin_dir, banned, lines)
+            if "switch" in args.sections:
+                switch_library(model, kind, args, banned, lines)
+                server_section(path_s, model, kind, args, bin_dir, banned, lines, switch=True)
     emit_report("prompt_cache", lines, not args.no_save)
 
 
