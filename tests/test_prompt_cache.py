@@ -348,3 +348,19 @@ def test_checkpoints_inside_a_long_prompt(fx_mtp_levels: dict[str, FixtureInfo])
                 got, st = call(s, p, 8, temperature=0)
                 want, _ = call(fresh, p, 8, temperature=0, cache_prompt=False)
                 assert got == want and st.cached_tokens == want_cached
+
+
+@pytest.mark.fixture
+def test_a_checkpoint_is_the_same_size_at_any_context_length(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    # the recurrent state and the drafter's row: not the MTP head's KV rows (its context on a
+    # hybrid model is a plain attention cache, which seq_rm cuts) nor the rows it has deferred
+    with llamaspec.Model(fx_mtp_levels["74"].path) as m, MTP(m, n_draft=3, n_ctx=1024, n_threads=1) as s:
+        history: list[int] = []
+        sizes = []
+        for _ in range(4):
+            prompt = history + m.tokenize("hello world " * 10, add_special=False)
+            ids, _ = call(s, prompt, 8, temperature=0)
+            info = s.prompt_cache()[0]
+            sizes.append(info.checkpoint_bytes // info.checkpoints)
+            history = prompt + ids
+        assert len(set(sizes)) == 1, sizes

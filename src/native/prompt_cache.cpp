@@ -69,10 +69,15 @@ PromptCache::PromptCache(Core & core)
     : core_(core), seqs_((size_t) core.config.n_seq), ram_limit_(ram_limit(core.config.prompt_cache_mb)),
       max_checkpoints_(std::max(0, core.config.ctx_checkpoints)),
       checkpoint_every_(std::max(0, core.config.checkpoint_every)) {
+    const bool mtp = has_stage(core, COMMON_SPECULATIVE_TYPE_DRAFT_MTP);
     tgt_recurrent_ = is_recurrent(core.tgt->model()->get());
-    dft_recurrent_ = core.dft && is_recurrent(core.dft->model()->get());
+    // the MTP head's context of a hybrid model keeps a plain attention cache (llama-model.cpp,
+    // mtp_on_hybrid_*): its rows are cut like any other, and a PARTIAL_ONLY state of it would be all
+    // of them (a wrong guess is safe: a refused cut clears the sequence)
+    dft_recurrent_ = core.dft && (mtp ? llama_model_is_recurrent(core.dft->model()->get())
+                                      : is_recurrent(core.dft->model()->get()));
     eagle3_ = has_stage(core, COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3);
-    drafter_state_ = eagle3_ || has_stage(core, COMMON_SPECULATIVE_TYPE_DRAFT_MTP);
+    drafter_state_ = eagle3_ || mtp;
 }
 
 int32_t PromptCache::choose(const std::vector<bool> & free, const std::vector<llama_token> & prompt) const {
@@ -172,6 +177,8 @@ void PromptCache::save(llama_seq_id seq) {
         const bool held = common_prefix(e.record.tokens, s.tokens) == s.tokens.size();
         if (held && (e.record.tokens.size() == s.tokens.size() || !recurrent())) return;
     }
+    // the drafter's deferred rows (MTP's catch-up, patch 0005) into its context, which is saved whole
+    if (core_.spec && !common_speculative_flush(core_.spec.get())) return;
     Saved e;
     try {
         e.record.tokens = s.tokens;
@@ -204,6 +211,9 @@ void PromptCache::save(llama_seq_id seq) {
 void PromptCache::load(llama_seq_id seq, Saved e) {
     Seq & s = seqs_[(size_t) seq];
     const uint64_t used = s.last_used;
+    // rows the drafter deferred for the sequence's old content go there before it is emptied, not
+    // into the loaded state (patch 0009; a failed flush drops them)
+    if (core_.spec) common_speculative_flush(core_.spec.get());
     if (!clear_locked(seq)) return;  // reuse clears again, and raises
     if (!load_full(core_.tgt->get(), seq, e.tgt) || (core_.dft && !load_full(core_.dft->get(), seq, e.dft))) {
         clear_locked(seq);  // the call starts afresh
