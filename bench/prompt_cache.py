@@ -9,6 +9,9 @@ every side decodes the same prompts.
 - library: per turn, the time to the first token with the prompt cache (a session that keeps its
   cache), without it (cache_prompt=False), and the ideal: decoding only the new tokens on a context
   that already holds the history (Context.decode, timed for the new part alone, plus nothing else).
+  "of which prefill" is the cached call's own prompt time (GenerationStats.prefill_time); with MTP
+  the rest of its time to the first token is the drafter's catch-up on the new tokens, one draft and
+  the first verify, which the target-only ideal does not include.
   Also the whole conversation's time with and without the cache, the checkpoint bytes
   (Session.prompt_cache()) and the process's RSS.
 - servers: `llamaspec serve` and llama-server (built from the same pinned tree), -np 1, both with
@@ -73,20 +76,21 @@ def rss_mb() -> float:
 
 
 def ttft_call(session: llamaspec.Generator | llamaspec.Speculative, prompt: list[int], n: int,
-              banned: dict[int, float], cache: bool) -> tuple[float, list[int], int]:
-    """(seconds to the first token, the generated ids, cached prompt tokens)."""
+              banned: dict[int, float], cache: bool) -> tuple[float, list[int], llamaspec.GenerationStats]:
+    """(seconds to the first token, the generated ids, the call's stats)."""
     t0 = time.perf_counter()
     first = 0.0
     ids: list[int] = []
-    cached = 0
+    stats = None
     for ev in session.stream_events(prompt, n, temperature=0, logit_bias=banned, cache_prompt=cache):
         if isinstance(ev, llamaspec.Token):
             if not ids:
                 first = time.perf_counter() - t0
             ids.append(ev.id)
         elif isinstance(ev, llamaspec.Done):
-            cached = ev.stats.cached_tokens
-    return first, ids, cached
+            stats = ev.stats
+    assert stats is not None
+    return first, ids, stats
 
 
 class Ideal:
@@ -142,11 +146,12 @@ def library_section(model: llamaspec.Model, kind: str, args: argparse.Namespace,
                     lines: list[str]) -> None:
     prompts = conversation(model, kind, 0, args, banned)
     lines += ["", f"### library, {kind}: {len(prompts)} turns, last prompt {len(prompts[-1])} tokens", "",
-              "| threads | turn | prompt | cached | TTFT cached (ms) | TTFT uncached (ms) | ideal (ms) "
-              "| cached/ideal | uncached/cached |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| threads | turn | prompt | cached | TTFT cached (ms) | of which prefill (ms) "
+              "| TTFT uncached (ms) | ideal (ms) | cached/ideal | prefill/ideal | uncached/cached |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     totals: list[str] = []
     for threads in args.threads:
-        per_turn: list[dict[str, list[float]]] = [{"c": [], "u": [], "i": []} for _ in prompts]
+        per_turn: list[dict[str, list[float]]] = [{"c": [], "p": [], "u": [], "i": []} for _ in prompts]
         cached_n = [0] * len(prompts)
         tot_c: list[float] = []
         tot_u: list[float] = []
@@ -166,11 +171,12 @@ def library_section(model: llamaspec.Model, kind: str, args: argparse.Namespace,
                     for use_cache in order:
                         s = cached if use_cache else fresh
                         t0 = time.perf_counter()
-                        first, _, n_cached = ttft_call(s, prompt, args.tokens, banned, use_cache)
+                        first, _, st = ttft_call(s, prompt, args.tokens, banned, use_cache)
                         whole = time.perf_counter() - t0
                         if use_cache:
                             per_turn[k]["c"].append(first)
-                            cached_n[k] = n_cached
+                            per_turn[k]["p"].append(st.prefill_time)
+                            cached_n[k] = st.cached_tokens
                             t_c += whole
                         else:
                             per_turn[k]["u"].append(first)
@@ -184,9 +190,10 @@ def library_section(model: llamaspec.Model, kind: str, args: argparse.Namespace,
                 tot_u.append(t_u)
                 ck_bytes = sum(c.checkpoint_bytes for c in cached.prompt_cache())
         for k, prompt in enumerate(prompts):
-            c, u, i = (med(per_turn[k][x]) for x in "cui")
+            c, p, u, i = (med(per_turn[k][x]) for x in "cpui")
             lines.append(f"| {threads} | {k + 1} | {len(prompt)} | {cached_n[k]} | {c * 1e3:.1f} "
-                         f"| {u * 1e3:.1f} | {i * 1e3:.1f} | {c / i:.2f} | {u / c:.2f} |")
+                         f"| {p * 1e3:.1f} | {u * 1e3:.1f} | {i * 1e3:.1f} | {c / i:.2f} | {p / i:.2f} "
+                         f"| {u / c:.2f} |")
         totals.append(f"- {threads} thread(s): whole conversation {med(tot_c):.2f} s with the cache, "
                       f"{med(tot_u):.2f} s without: {med(tot_u) / med(tot_c):.2f}x; checkpoints "
                       f"{ck_bytes / 1e6:.2f} MB; RSS {rss0:.0f} -> {rss_mb():.0f} MB")
@@ -248,7 +255,8 @@ def switch_library(model: llamaspec.Model, kind: str, args: argparse.Namespace, 
                 for k, prompt in enumerate(prompts):
                     for mb in (1024, 0) if (run + k) % 2 == 0 else (0, 1024):
                         t0 = time.perf_counter()
-                        first, _, cached[mb][k] = ttft_call(sessions[mb], prompt, args.tokens, banned, True)
+                        first, _, st = ttft_call(sessions[mb], prompt, args.tokens, banned, True)
+                        cached[mb][k] = st.cached_tokens
                         t[mb] += time.perf_counter() - t0
                         res[mb][k].append(first)
                 for mb in t:

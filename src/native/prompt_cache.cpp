@@ -114,8 +114,7 @@ bool PromptCache::clear(llama_seq_id seq) {
 }
 
 bool PromptCache::clear_locked(llama_seq_id seq) {
-    seqs_[(size_t) seq].tokens.clear();
-    seqs_[(size_t) seq].checkpoints.clear();
+    seqs_[(size_t) seq].forget();
     const bool tgt = llama_memory_seq_rm(llama_get_memory(core_.tgt->get()), seq, -1, -1);
     return (!core_.dft || llama_memory_seq_rm(llama_get_memory(core_.dft->get()), seq, -1, -1)) && tgt;
 }
@@ -291,16 +290,12 @@ void PromptCache::keep(llama_seq_id seq, const std::vector<llama_token> & tokens
 
 void PromptCache::forget(llama_seq_id seq) {
     std::lock_guard<std::mutex> lock(mutex_);
-    seqs_[(size_t) seq].tokens.clear();
-    seqs_[(size_t) seq].checkpoints.clear();
+    seqs_[(size_t) seq].forget();
 }
 
 void PromptCache::forget_all() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto & s : seqs_) {
-        s.tokens.clear();
-        s.checkpoints.clear();
-    }
+    for (auto & s : seqs_) s.forget();
 }
 
 RamCacheInfo PromptCache::ram_info() const {

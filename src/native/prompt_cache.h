@@ -83,6 +83,10 @@ private:
         std::vector<llama_token> tokens;       // at positions [0, size) of the target's and drafter's memory
         std::vector<Checkpoint> checkpoints;  // ascending n_tokens
         uint64_t last_used = 0;
+        void forget() {  // the memory holds nothing known
+            tokens.clear();
+            checkpoints.clear();
+        }
     };
     // A sequence's memory saved in host RAM (prompt_cache_mb): its record, and its state in both
     // contexts and the drafter's as llama.cpp's per-sequence state API writes them.
