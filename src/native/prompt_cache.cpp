@@ -48,6 +48,12 @@ bool load_full(llama_context * ctx, llama_seq_id seq, const std::vector<uint8_t>
     return llama_state_seq_set_data_ext(ctx, data.data(), data.size(), seq, 0) == data.size();
 }
 
+// the prefix of `prompt` that `tokens` hold, as far as a call may keep it: all of the prompt but its
+// last token at most (that token is decoded: the first token is sampled from its row)
+int32_t keepable(const std::vector<llama_token> & tokens, const std::vector<llama_token> & prompt) {
+    return (int32_t) std::min(common_prefix(tokens, prompt), prompt.empty() ? 0 : prompt.size() - 1);
+}
+
 // the latest checkpoint at or before position n, or end
 std::vector<Checkpoint>::const_reverse_iterator latest(const std::vector<Checkpoint> & cks, int32_t n) {
     return std::find_if(cks.rbegin(), cks.rend(), [n](const Checkpoint & c) { return c.n_tokens <= n; });
@@ -136,7 +142,7 @@ bool PromptCache::restore(llama_seq_id seq, const Checkpoint & ck) {
 }
 
 int32_t PromptCache::reusable(const Seq & r, const std::vector<llama_token> & prompt) const {
-    const int32_t n = (int32_t) std::min(common_prefix(r.tokens, prompt), prompt.empty() ? 0 : prompt.size() - 1);
+    const int32_t n = keepable(r.tokens, prompt);
     if (n == (int32_t) r.tokens.size() || !(recurrent() || drafter_state_)) return n;  // a cut
     auto it = latest(r.checkpoints, n);
     if (it != r.checkpoints.rend()) return it->n_tokens;
@@ -228,8 +234,7 @@ int32_t PromptCache::reuse(llama_seq_id seq, const std::vector<llama_token> & pr
     Seq & s = seqs_[(size_t) seq];
     s.last_used = ++clock_;
     if (ram_limit_ > 0) swap(seq, prompt, enabled);
-    const int32_t limit = (int32_t) prompt.size() - 1;  // the last prompt token is always decoded
-    int32_t n_keep = enabled ? (int32_t) std::min(common_prefix(s.tokens, prompt), (size_t) std::max(0, limit)) : 0;
+    int32_t n_keep = enabled ? keepable(s.tokens, prompt) : 0;
     // a cut inside what the sequence holds: where the drafter's row was saved, else anywhere the
     // memory allows (with an attention-only target the drafter's first step may read an older row)
     const bool inside = n_keep < (int32_t) s.tokens.size();
