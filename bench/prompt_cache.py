@@ -10,8 +10,8 @@ every side decodes the same prompts.
   cache), without it (cache_prompt=False), and the ideal: decoding only the new tokens on a context
   that already holds the history (Context.decode, timed for the new part alone, plus nothing else).
   "of which prefill" is the cached call's own prompt time (GenerationStats.prefill_time); with MTP
-  the rest of its time to the first token is the drafter's catch-up on the new tokens, one draft and
-  the first verify, which the target-only ideal does not include.
+  the rest of its time to the first token is the first pass (the held-back last prompt token, no
+  draft: ADR 0014), which the ideal decodes with the rest of the new tokens.
   Also the whole conversation's time with and without the cache, the checkpoint bytes
   (Session.prompt_cache()) and the process's RSS.
 - servers: `llamaspec serve` and llama-server (built from the same pinned tree), -np 1, both with

@@ -539,13 +539,17 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     for (SeqState * s : ready) {
         CallState & c = s->c();
         const int32_t remaining = c.req.max_tokens - c.stats.tokens;
-        int32_t wanted = policy ? policy->choose() : n_draft;
+        // the first pass after the prompt (its held-back last token) drafts nothing: the first token
+        // comes out after the prompt alone, as in plain decoding, and the drafter's catch-up on the
+        // prompt waits for the second pass
+        const bool first = !s->generating;
+        int32_t wanted = first ? 0 : policy ? policy->choose() : n_draft;
         if (c.req.draft_max >= 0) wanted = std::min(wanted, c.req.draft_max);  // the call's own cap
         const int32_t room = std::min(remaining - 1, n_ctx - (int32_t) s->n_past - 2);
         s->n_max = std::max(0, std::min(wanted, room));
         // a shadow draft (n_draft="auto", plain step): drafted, compared with what the plain step
         // samples, never verified
-        s->shadow = policy && c.req.draft_max != 0 && s->n_max == 0 && policy->shadow() &&
+        s->shadow = policy && !first && c.req.draft_max != 0 && s->n_max == 0 && policy->shadow() &&
                     policy->shadow_length() <= std::min(room, c.req.draft_max < 0 ? room : c.req.draft_max);
         const int32_t n_ask = s->shadow ? policy->shadow_length() : s->n_max;
         ++s->delta.draft_length_histogram[(size_t) s->n_max];
