@@ -113,6 +113,10 @@ class Ideal:
         self.ctx.decode(new, len(history))
         elapsed = time.perf_counter() - t0
         self.held = history + new
+        # after a decode, ggml's worker threads poll for new work (~0.18 s of CPU here at 2 threads)
+        # before they sleep; wait them out, or the side timed next shares its cores with them (that
+        # made every other turn 2.2x the ideal at 2 threads). The sessions pause their pools.
+        time.sleep(0.3)
         return elapsed
 
     def close(self) -> None:
