@@ -313,6 +313,10 @@ def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
                         t, n = sse_ttft(h, url, body)
                         res[side][k].append(t)
                         cache[side][k] = n
+                        # llama-server does not pause its thread pools: its workers poll ~0.18 s
+                        # after its last decode (at 2 threads). A machine runs one server; wait them
+                        # out so the other side does not share its cores with them.
+                        time.sleep(0.3)
         for k in range(n_turns):
             o, u = med(res["o"][k]), med(res["u"][k])
             turn = f"{'AB'[k % 2]}{k // 2 + 1}" if switch else str(k + 1)
