@@ -75,6 +75,14 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def wait_out_polling() -> None:
+    """After a decode, ggml's worker threads poll for new work (~0.18 s of CPU here at 2 threads)
+    before they sleep. Our sessions pause their pools when idle; a bare Context and llama-server do
+    not. Wait them out after those, or the side timed next shares its cores with them (that made
+    every other turn 2.2x the ideal, and serve/llama-server 1.1-1.2x, at 2 threads)."""
+    time.sleep(0.3)
+
+
 def ttft_call(session: llamaspec.Generator | llamaspec.Speculative, prompt: list[int], n: int,
               banned: dict[int, float], cache: bool) -> tuple[float, list[int], llamaspec.GenerationStats]:
     """(seconds to the first token, the generated ids, the call's stats)."""
@@ -113,10 +121,7 @@ class Ideal:
         self.ctx.decode(new, len(history))
         elapsed = time.perf_counter() - t0
         self.held = history + new
-        # after a decode, ggml's worker threads poll for new work (~0.18 s of CPU here at 2 threads)
-        # before they sleep; wait them out, or the side timed next shares its cores with them (that
-        # made every other turn 2.2x the ideal at 2 threads). The sessions pause their pools.
-        time.sleep(0.3)
+        wait_out_polling()  # a bare Context does not pause its pool
         return elapsed
 
     def close(self) -> None:
@@ -313,10 +318,7 @@ def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
                         t, n = sse_ttft(h, url, body)
                         res[side][k].append(t)
                         cache[side][k] = n
-                        # llama-server does not pause its thread pools: its workers poll ~0.18 s
-                        # after its last decode (at 2 threads). A machine runs one server; wait them
-                        # out so the other side does not share its cores with them.
-                        time.sleep(0.3)
+                        wait_out_polling()  # llama-server does not pause its pools; a machine runs one server
         for k in range(n_turns):
             o, u = med(res["o"][k]), med(res["u"][k])
             turn = f"{'AB'[k % 2]}{k // 2 + 1}" if switch else str(k + 1)
