@@ -24,21 +24,26 @@ every side decodes the same prompts.
   with prompt_cache_mb=1024 (the other conversation's state is saved and loaded back) against 0
   (only the sequence's own cache, so each turn decodes its whole history); servers: `llamaspec
   serve` against llama-server, -np 1, both with their default --cache-ram 8192.
+- repeat (servers): one late turn, 4 x --runs times: the last turn's history cached, each request
+  adding another user message to it (a first token only), sides alternating request by request: the
+  per-turn comparison with many samples instead of --runs.
 
 On SmolLM2 (plain decoding) and on the MTP speed fixture (qwen35 hybrid, MTP n_draft 3). Sides
 alternate within every turn; medians over --runs.
 
 Usage: python bench/prompt_cache.py [--runs 3] [--threads 1 2] [--models smollm2 mtp]
-       [--sections library server switch] [--turns 8] [--user 150] [--tokens 64]
+       [--sections library server switch repeat] [--turns 8] [--user 150] [--tokens 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -281,10 +286,27 @@ def switch_library(model: llamaspec.Model, kind: str, args: argparse.Namespace, 
     lines += [""] + totals
 
 
-def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.Namespace, bin_dir: Path,
-                   banned: dict[int, float], lines: list[str], switch: bool = False) -> None:
+@contextlib.contextmanager
+def both_servers(path: str, kind: str, threads: int, args: argparse.Namespace,
+                 bin_dir: Path) -> Iterator[tuple[str, str]]:
+    """`llamaspec serve` and llama-server with the same flags (-np 1, their prompt caches on), warmed
+    up; yields their URLs."""
     mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0"]
     spec = mtp if kind == "mtp" else []
+
+    def flags(port: int) -> list[str]:
+        return ["-m", path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                "-tb", str(threads), "-c", str(args.n_ctx), "-np", "1", *spec]
+
+    po, pu = free_port(), free_port()
+    ours = [sys.executable, "-m", "llamaspec", "serve", *flags(po)]
+    up = [str(bin_dir / "llama-server"), *flags(pu), "--no-webui"]
+    with serving(ours, po) as ours_url, serving(up, pu) as up_url:
+        yield ours_url, up_url
+
+
+def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.Namespace, bin_dir: Path,
+                   banned: dict[int, float], lines: list[str], switch: bool = False) -> None:
     what = "two conversations taking turns, --cache-ram 8192" if switch else "one conversation"
     lines += ["", f"### servers, {kind}, {what}: client's time to the first token per turn (ms), -np 1", "",
               "| threads | turn | prompt | serve cached | serve TTFT | llama-server cached "
@@ -296,16 +318,10 @@ def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
         convs = [conversation(model, kind, 100 + r, args, banned) for r in range(args.runs)]
     n_turns = len(convs[0])
     for threads in args.threads:
-        def flags(port: int) -> list[str]:
-            return ["-m", path, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-                    "-tb", str(threads), "-c", str(args.n_ctx), "-np", "1", *spec]
-
-        po, pu = free_port(), free_port()
-        ours = [sys.executable, "-m", "llamaspec", "serve", *flags(po)]
-        up = [str(bin_dir / "llama-server"), *flags(pu), "--no-webui"]
         res: dict[str, list[list[float]]] = {side: [[] for _ in range(n_turns)] for side in "ou"}
         cache: dict[str, list[int]] = {"o": [0] * n_turns, "u": [0] * n_turns}
-        with serving(ours, po) as ours_url, serving(up, pu) as up_url, httpx.Client(timeout=600) as h:
+        with both_servers(path, kind, threads, args, bin_dir) as (ours_url, up_url), \
+                httpx.Client(timeout=600) as h:
             warm = [(convs[0][0][0] + 1) % model.n_vocab] * 2  # a token no prompt starts with
             for url in (ours_url, up_url):
                 sse_ttft(h, url, {"prompt": warm, "n_predict": 2, "stream": True})
@@ -326,13 +342,49 @@ def server_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
                          f"| {cache['u'][k]} | {u * 1e3:.1f} | {o / u:.2f} |")
 
 
+def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.Namespace, bin_dir: Path,
+                   banned: dict[int, float], lines: list[str]) -> None:
+    """One late turn many times: the history of the conversation's last turn is cached, and each
+    request adds another user message to it, so each side decodes the same new tokens on the same
+    cached history, request after request (a tighter figure than the conversation's 5 per turn)."""
+    history = conversation(model, kind, 0, args, banned)[-1]
+    rng = random.Random(7)
+    n = 4 * args.runs
+    messages = [user_message(model, rng, args.user, kind == "mtp") for _ in range(n)]
+    lines += ["", f"### servers, {kind}, one turn repeated: {len(history)} tokens of history cached, "
+              f"{n} requests each adding a {args.user}-token message, sides alternating", "",
+              "| threads | serve cached | serve TTFT (ms) | llama-server cached | llama-server TTFT (ms) "
+              "| serve/llama-server | median of pairs |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for threads in args.threads:
+        got: dict[str, list[float]] = {"o": [], "u": []}
+        cache = {"o": 0, "u": 0}
+        with both_servers(path, kind, threads, args, bin_dir) as (ours_url, up_url), \
+                httpx.Client(timeout=600) as h:
+            for url in (ours_url, up_url):
+                sse_ttft(h, url, {"prompt": history, "n_predict": 1, "stream": True, "cache_prompt": True})
+                wait_out_polling()
+            for k, msg in enumerate(messages):
+                body = {"prompt": history + msg, "n_predict": 1, "temperature": 0, "stream": True,
+                        "cache_prompt": True}
+                sides = [("o", ours_url), ("u", up_url)]
+                for side, url in sides if k % 2 == 0 else sides[::-1]:
+                    t, cache[side] = sse_ttft(h, url, body)
+                    got[side].append(t)
+                    wait_out_polling()
+        o, u = med(got["o"]), med(got["u"])
+        pairs = med([a / b for a, b in zip(got["o"], got["u"])])
+        lines.append(f"| {threads} | {cache['o']} | {o * 1e3:.1f} | {cache['u']} | {u * 1e3:.1f} "
+                     f"| {o / u:.3f} | {pairs:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--models", nargs="+", choices=["smollm2", "mtp"], default=["smollm2", "mtp"])
-    ap.add_argument("--sections", nargs="+", choices=["library", "server", "switch"],
-                    default=["library", "server", "switch"])
+    ap.add_argument("--sections", nargs="+", choices=["library", "server", "switch", "repeat"],
+                    default=["library", "server", "switch", "repeat"])
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--user", type=int, default=150)
     ap.add_argument("--tokens", type=int, default=64)
@@ -341,7 +393,7 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
 
-    servers = "server" in args.sections or "switch" in args.sections
+    servers = bool({"server", "switch", "repeat"} & set(args.sections))
     bin_dir = build_tools("llama-server") if servers else Path()
     lines = [f"{args.turns} turns of a {args.user}-token user message and {args.tokens} generated tokens "
              f"(greedy, end-of-generation banned); medians of {args.runs} runs; sides alternate per turn."]
@@ -363,6 +415,8 @@ def main() -> None:
             if "switch" in args.sections:
                 switch_library(model, kind, args, banned, lines)
                 server_section(path_s, model, kind, args, bin_dir, banned, lines, switch=True)
+            if "repeat" in args.sections:
+                repeat_section(path_s, model, kind, args, bin_dir, banned, lines)
     emit_report("prompt_cache", lines, not args.no_save)
 
 
