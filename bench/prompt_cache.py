@@ -24,9 +24,10 @@ every side decodes the same prompts.
   with prompt_cache_mb=1024 (the other conversation's state is saved and loaded back) against 0
   (only the sequence's own cache, so each turn decodes its whole history); servers: `llamaspec
   serve` against llama-server, -np 1, both with their default --cache-ram 8192.
-- repeat (servers): one late turn, 4 x --runs times: the last turn's history cached, each request
-  adding another user message to it (a first token only), sides alternating request by request: the
-  per-turn comparison with many samples instead of --runs.
+- repeat: one late turn, 4 x --runs times: the last turn's history cached, each request adding
+  another user message to it (a first token only), on the library, `llamaspec serve` and
+  llama-server, alternating request by request: the per-turn comparison with many samples instead of
+  --runs.
 
 On SmolLM2 (plain decoding) and on the MTP speed fixture (qwen35 hybrid, MTP n_draft 3). Sides
 alternate within every turn; medians over --runs.
@@ -346,36 +347,48 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
                    banned: dict[int, float], lines: list[str]) -> None:
     """One late turn many times: the history of the conversation's last turn is cached, and each
     request adds another user message to it, so each side decodes the same new tokens on the same
-    cached history, request after request (a tighter figure than the conversation's 5 per turn)."""
+    cached history, request after request (a tighter figure than the conversation's 5 per turn).
+    The library (a session of the server's settings, in this process) is the third side."""
     history = conversation(model, kind, 0, args, banned)[-1]
     rng = random.Random(7)
     n = 4 * args.runs
     messages = [user_message(model, rng, args.user, kind == "mtp") for _ in range(n)]
     lines += ["", f"### servers, {kind}, one turn repeated: {len(history)} tokens of history cached, "
               f"{n} requests each adding a {args.user}-token message, sides alternating", "",
-              "| threads | serve cached | serve TTFT (ms) | llama-server cached | llama-server TTFT (ms) "
-              "| serve/llama-server | median of pairs |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| threads | cached: library / serve / llama-server | TTFT library (ms) | serve (ms) "
+              "| llama-server (ms) | serve/llama-server (pairs) | serve/library (pairs) "
+              "| library/llama-server (pairs) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for threads in args.threads:
-        got: dict[str, list[float]] = {"o": [], "u": []}
-        cache = {"o": 0, "u": 0}
+        got: dict[str, list[float]] = {"l": [], "o": [], "u": []}
+        cache = {"l": 0, "o": 0, "u": 0}
         with both_servers(path, kind, threads, args, bin_dir) as (ours_url, up_url), \
-                httpx.Client(timeout=600) as h:
-            for url in (ours_url, up_url):
-                sse_ttft(h, url, {"prompt": history, "n_predict": 1, "stream": True, "cache_prompt": True})
-                wait_out_polling()
-            for k, msg in enumerate(messages):
-                body = {"prompt": history + msg, "n_predict": 1, "temperature": 0, "stream": True,
+                httpx.Client(timeout=600) as h, make_session(kind, model, threads, args.n_ctx) as lib:
+
+            def one(side: str, prompt: list[int]) -> tuple[float, int]:
+                if side == "l":
+                    first, _, st = ttft_call(lib, prompt, 1, banned, True)
+                    return first, st.cached_tokens
+                body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "stream": True,
                         "cache_prompt": True}
-                sides = [("o", ours_url), ("u", up_url)]
-                for side, url in sides if k % 2 == 0 else sides[::-1]:
-                    t, cache[side] = sse_ttft(h, url, body)
+                t, cached = sse_ttft(h, ours_url if side == "o" else up_url, body)
+                wait_out_polling()
+                return t, cached
+
+            for side in "lou":
+                one(side, history)
+            for k, msg in enumerate(messages):
+                for side in "lou" if k % 2 == 0 else "uol":
+                    t, cache[side] = one(side, history + msg)
                     got[side].append(t)
-                    wait_out_polling()
-        o, u = med(got["o"]), med(got["u"])
-        pairs = med([a / b for a, b in zip(got["o"], got["u"])])
-        lines.append(f"| {threads} | {cache['o']} | {o * 1e3:.1f} | {cache['u']} | {u * 1e3:.1f} "
-                     f"| {o / u:.3f} | {pairs:.3f} |")
+        m = {side: med(got[side]) for side in got}
+
+        def ratio(a: str, b: str) -> str:
+            return f"{m[a] / m[b]:.3f} ({med([x / y for x, y in zip(got[a], got[b])]):.3f})"
+
+        lines.append(f"| {threads} | {cache['l']} / {cache['o']} / {cache['u']} | {m['l'] * 1e3:.1f} "
+                     f"| {m['o'] * 1e3:.1f} | {m['u'] * 1e3:.1f} | {ratio('o', 'u')} | {ratio('o', 'l')} "
+                     f"| {ratio('l', 'u')} |")
 
 
 def main() -> None:
