@@ -367,12 +367,13 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
 
             def one(side: str, prompt: list[int]) -> tuple[float, int]:
                 if side == "l":
-                    first, _, st = ttft_call(lib, prompt, 1, banned, True)
-                    return first, st.cached_tokens
-                body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "stream": True,
-                        "cache_prompt": True}
-                t, cached = sse_ttft(h, ours_url if side == "o" else up_url, body)
-                wait_out_polling()
+                    t, _, st = ttft_call(lib, prompt, 1, banned, True)
+                    cached = st.cached_tokens
+                else:
+                    body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "stream": True,
+                            "cache_prompt": True}
+                    t, cached = sse_ttft(h, ours_url if side == "o" else up_url, body)
+                wait_out_polling()  # every side gets the same pause before the next one
                 return t, cached
 
             for side in "lou":
