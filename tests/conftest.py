@@ -94,13 +94,17 @@ def token_ids(events: Iterable[object]) -> list[int]:
     return [e.id for e in events if isinstance(e, llamaspec.Token)]
 
 
+def proc_status(field: str, pid: int | str = "self") -> int:
+    """A number from /proc/PID/status (e.g. "Threads", "VmRSS" in KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} line in /proc/{pid}/status")
+
+
 def proc_threads() -> int:
     """OS threads of this process (native threads included)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise RuntimeError("no Threads line in /proc/self/status")
+    return proc_status("Threads")
 
 
 def settled_threads(at_most: int, timeout_s: float = 2.0) -> int:

@@ -25,7 +25,7 @@ from llamaspec_fixtures import (
     write_eagle3_fixture,
 )
 
-from .conftest import token_ids
+from .conftest import proc_status, token_ids
 
 Session = llamaspec.Generator | Speculative
 
@@ -368,14 +368,6 @@ def test_a_checkpoint_is_the_same_size_at_any_context_length(fx_mtp_levels: dict
         assert len(set(sizes)) == 1, sizes
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
 @pytest.mark.skipif(not platform.libc_ver()[0] == "glibc", reason="glibc's heap and /proc: Linux")
 def test_closed_sessions_give_their_memory_back(fx_info: FixtureInfo) -> None:
     """Memory-bounded: a process that opens and closes sessions (chats with prompt-cache
@@ -392,7 +384,7 @@ def test_closed_sessions_give_their_memory_back(fx_info: FixtureInfo) -> None:
                     prompt += [rng.randrange(4, model.n_vocab) for _ in range(200)]
                     prompt += [ev.id for ev in s.stream_events(prompt, 16, temperature=0)
                                if isinstance(ev, llamaspec.Token)]
-            after.append(_rss_mib())
+            after.append(proc_status("VmRSS") / 1024)
     finally:
         model.close()
     assert max(after[1:]) < after[0] + 25, [f"{a:.0f} MiB" for a in after]

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .conftest import proc_status
 from .server_util import running
 
 pytestmark = pytest.mark.real_model
@@ -29,13 +30,6 @@ PROMPTS = [
 MAX_TOKENS = 32
 CLIENTS = 16
 SECONDS = 60.0
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 async def stream_once(
@@ -94,10 +88,10 @@ def test_sixteen_clients_for_a_minute(
 
                 async def sample_rss() -> None:
                     await asyncio.sleep(SECONDS / 4)  # after warm-up
-                    rss.append(rss_kib(server.proc.pid))
+                    rss.append(proc_status("VmRSS", server.proc.pid))
 
                 await asyncio.gather(sample_rss(), *(client_loop() for _ in range(CLIENTS)))
-                return alone, results, rss[0], rss_kib(server.proc.pid)
+                return alone, results, rss[0], proc_status("VmRSS", server.proc.pid)
 
         alone, results, rss_warm, rss_end = asyncio.run(main())
         done = [r for r in results if r[3]]
