@@ -290,8 +290,8 @@ def switch_library(model: llamaspec.Model, kind: str, args: argparse.Namespace, 
 @contextlib.contextmanager
 def both_servers(path: str, kind: str, threads: int, args: argparse.Namespace,
                  bin_dir: Path) -> Iterator[tuple[str, str]]:
-    """`llamaspec serve` and llama-server with the same flags (-np 1, their prompt caches on), warmed
-    up; yields their URLs."""
+    """`llamaspec serve` and llama-server with the same flags (-np 1, their prompt caches on); yields
+    their URLs. The callers warm them up."""
     mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0"]
     spec = mtp if kind == "mtp" else []
 
@@ -348,7 +348,8 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
     """One late turn many times: the history of the conversation's last turn is cached, and each
     request adds another user message to it, so each side decodes the same new tokens on the same
     cached history, request after request (a tighter figure than the conversation's 5 per turn).
-    The library (a session of the server's settings, in this process) is the third side."""
+    The library (a session as in the library section, prompt_cache_mb=0, in this process) is the
+    third side."""
     history = conversation(model, kind, 0, args, banned)[-1]
     rng = random.Random(7)
     n = 4 * args.runs
