@@ -24,16 +24,16 @@ every side decodes the same prompts.
   with prompt_cache_mb=1024 (the other conversation's state is saved and loaded back) against 0
   (only the sequence's own cache, so each turn decodes its whole history); servers: `llamaspec
   serve` against llama-server, -np 1, both with their default --cache-ram 8192.
-- repeat: one late turn, 4 x --runs times: the last turn's history cached, each request adding
-  another user message to it (a first token only), on the library, `llamaspec serve` and
-  llama-server, alternating request by request: the per-turn comparison with many samples instead of
-  --runs.
+- repeat: one late turn, many times: the last turn's history cached, each request adding another
+  user message to it (a first token only), on the library, `llamaspec serve` and llama-server, in
+  --runs rounds of fresh instances with --repeats requests a side each, the order rotating request
+  by request: the per-turn comparison with many samples and several instances of each side.
 
 On SmolLM2 (plain decoding) and on the MTP speed fixture (qwen35 hybrid, MTP n_draft 3). Sides
 alternate within every turn; medians over --runs.
 
 Usage: python bench/prompt_cache.py [--runs 3] [--threads 1 2] [--models smollm2 mtp]
-       [--sections library server switch repeat] [--turns 8] [--user 150] [--tokens 64]
+       [--sections library server switch repeat] [--turns 8] [--user 150] [--tokens 64] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -347,46 +347,60 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
                    banned: dict[int, float], lines: list[str]) -> None:
     """One late turn many times: the history of the conversation's last turn is cached, and each
     request adds another user message to it, so each side decodes the same new tokens on the same
-    cached history, request after request (a tighter figure than the conversation's 5 per turn).
-    The library (a session as in the library section, prompt_cache_mb=0, in this process) is the
-    third side."""
+    cached history, request after request. The sides are the library (a session as in the library
+    section, prompt_cache_mb=0, in this process), `llamaspec serve` and llama-server.
+
+    Each of --runs rounds starts all three afresh: one instance keeps its speed for its lifetime,
+    5-15% apart from an identical one (four identical MTP sessions in one process: 281-320 ms, each
+    a median of 24 requests; two serve processes 323 and 349 ms, two llama-servers 329 and 330), so
+    one instance per side compares instances, not programs. In a round the order rotates (lou, oul,
+    ulo), so each side runs first, second and third equally often."""
     history = conversation(model, kind, 0, args, banned)[-1]
     rng = random.Random(7)
-    n = 4 * args.runs
+    n = args.repeats
     messages = [user_message(model, rng, args.user, kind == "mtp") for _ in range(n)]
     lines += ["", f"### servers, {kind}, one turn repeated: {len(history)} tokens of history cached, "
-              f"{n} requests each adding a {args.user}-token message, sides alternating", "",
+              f"{args.runs} rounds of fresh instances, {n} requests a side each adding a {args.user}-token "
+              "message", "",
+              "ratio: the median over rounds of the round's ratio of medians (lowest-highest round)", "",
               "| threads | cached: library / serve / llama-server | TTFT library (ms) | serve (ms) "
-              "| llama-server (ms) | serve/llama-server (pairs) | serve/library (pairs) "
-              "| library/llama-server (pairs) |",
+              "| llama-server (ms) | serve/llama-server | serve/library | library/llama-server |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    orders = ["lou", "oul", "ulo"]
     for threads in args.threads:
         got: dict[str, list[float]] = {"l": [], "o": [], "u": []}
+        rounds: list[dict[str, float]] = []
         cache = {"l": 0, "o": 0, "u": 0}
-        with both_servers(path, kind, threads, args, bin_dir) as (ours_url, up_url), \
-                httpx.Client(timeout=600) as h, make_session(kind, model, threads, args.n_ctx) as lib:
+        for _ in range(args.runs):
+            mine: dict[str, list[float]] = {"l": [], "o": [], "u": []}
+            with both_servers(path, kind, threads, args, bin_dir) as (ours_url, up_url), \
+                    httpx.Client(timeout=600) as h, make_session(kind, model, threads, args.n_ctx) as lib:
 
-            def one(side: str, prompt: list[int]) -> tuple[float, int]:
-                if side == "l":
-                    t, _, st = ttft_call(lib, prompt, 1, banned, True)
-                    cached = st.cached_tokens
-                else:
-                    body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "stream": True,
-                            "cache_prompt": True}
-                    t, cached = sse_ttft(h, ours_url if side == "o" else up_url, body)
-                wait_out_polling()  # every side gets the same pause before the next one
-                return t, cached
+                def one(side: str, prompt: list[int]) -> tuple[float, int]:
+                    if side == "l":
+                        t, _, st = ttft_call(lib, prompt, 1, banned, True)
+                        cached = st.cached_tokens
+                    else:
+                        body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "stream": True,
+                                "cache_prompt": True}
+                        t, cached = sse_ttft(h, ours_url if side == "o" else up_url, body)
+                    wait_out_polling()  # every side gets the same pause before the next one
+                    return t, cached
 
-            for side in "lou":
-                one(side, history)
-            for k, msg in enumerate(messages):
-                for side in "lou" if k % 2 == 0 else "uol":
-                    t, cache[side] = one(side, history + msg)
-                    got[side].append(t)
+                for side in "lou":
+                    one(side, history)
+                for k, msg in enumerate(messages):
+                    for side in orders[k % 3]:
+                        t, cache[side] = one(side, history + msg)
+                        mine[side].append(t)
+            for side in mine:
+                got[side] += mine[side]
+            rounds.append({side: med(mine[side]) for side in mine})
         m = {side: med(got[side]) for side in got}
 
         def ratio(a: str, b: str) -> str:
-            return f"{m[a] / m[b]:.3f} ({med([x / y for x, y in zip(got[a], got[b])]):.3f})"
+            per = sorted(r[a] / r[b] for r in rounds)
+            return f"{med(per):.3f} ({per[0]:.3f}-{per[-1]:.3f})"
 
         lines.append(f"| {threads} | {cache['l']} / {cache['o']} / {cache['u']} | {m['l'] * 1e3:.1f} "
                      f"| {m['o'] * 1e3:.1f} | {m['u'] * 1e3:.1f} | {ratio('o', 'u')} | {ratio('o', 'l')} "
@@ -403,6 +417,7 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--user", type=int, default=150)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=9, help="requests a side per round in the repeat section")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
     ap.add_argument("--no-save", action="store_true")
