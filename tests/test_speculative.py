@@ -92,6 +92,33 @@ def test_draft_model_is_lossless_with_known_acceptance(target: llamaspec.Model, 
 
 
 @pytest.mark.fixture
+def test_plain_steps_leave_the_draft_model_idle(target: llamaspec.Model, fx_nomtp_info: FixtureInfo,
+                                                draft_levels: dict[str, DraftFixtureInfo]) -> None:
+    """Patch 0010: the draft model decodes the target's verified rows at its next draft, not at every
+    verify. A call that drafts nothing (draft_max=0, or a plain spell of n_draft="auto") costs the
+    draft model nothing; the next call that drafts decodes what it missed in one batch first, and
+    every draft of it is accepted (the 100% draft model), so its cache holds the right rows."""
+    prompt = list(fx_nomtp_info.cycle[:8])
+    with llamaspec.Generator(target, n_ctx=512, n_threads=1) as plain:
+        want = greedy(plain, prompt, 40)
+        longer = greedy(plain, prompt + want[:20], 30)
+    with Speculative(target, method="draft", draft_model=draft_levels["100"].path, n_draft=4, n_ctx=512,
+                     n_threads=1, no_perf=False) as spec:
+        draft_ctx = spec._engine.draft
+        assert draft_ctx is not None
+        before = draft_ctx.perf()  # the session's warm-up decode
+        assert token_ids(list(spec.stream_events(prompt, 40, temperature=0, draft_max=0))) == want
+        after = draft_ctx.perf()
+        assert (after["eval_runs"], after["prompt_tokens"]) == (before["eval_runs"], before["prompt_tokens"]), after
+        spec.reset_stats()
+        # the prompt cache keeps the first call's 8 + 20 tokens; the draft model has none of them yet
+        assert greedy(spec, prompt + want[:20], 30) == longer
+        st = spec.stats()
+        assert st.drafts_generated > 0 and st.drafts_accepted == st.drafts_generated, st
+        assert draft_ctx.perf()["prompt_tokens"] >= before["prompt_tokens"] + 8 + 20  # the catch-up, in batches
+
+
+@pytest.mark.fixture
 def test_draft_model_from_path_and_p_min(target: llamaspec.Model, draft_levels: dict[str, DraftFixtureInfo]) -> None:
     info = draft_levels["100"]
     with llamaspec.Generator(target, n_ctx=256, n_threads=1) as plain:
