@@ -3,14 +3,16 @@
 Cases:
   MTP on the speed fixture built for 100%, ~75% (n_draft 3) and 0% acceptance (the cycle prompt);
   ngram-mod on SmolLM2 with a mixed text: a prompt that asks to repeat a list (drafting pays while
-  the list is copied), then free text once the list is done.
+  the list is copied), then free text once the list is done;
+  self-draft (not in the default --cases): SmolLM2 drafting for itself, the same prompt: every draft
+  is accepted, yet a draft costs what a target step does, so plain decoding is best.
 Length 0 is plain decoding (llamaspec.Generator). For each case and thread count: greedy tokens/s,
 medians of --runs runs; every run measures every length back to back (so drifts hit all alike);
 auto's acceptance and mean chosen length come from Speculative.stats(). Like each fixed length, auto
 is one session, created once: its first (untimed, learning from nothing) call is reported apart.
 
 Usage: python bench/adaptive.py [--runs 5] [--threads 1] [--tokens 256] [--lengths 0 1 2 3 4 5 6 7 8]
-       [--cases 100% ~75% 0% mixed]
+       [--cases 100% ~75% 0% mixed self-draft]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from llamaspec_fixtures import SPEED, FixtureInfo, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtp_speed import med, ours_rate  # noqa: E402
+from plain_decode import smollm2  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,10 +55,9 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, Any]]
             info, prompt = mtp_fixture(args.fixtures, wrong)
             out.append((level, info.path, prompt, {"method": "mtp"}))
     if "mixed" in args.cases:
-        sys.path.insert(0, str(ROOT))
-        from tests.conftest import smollm2_path
-
-        out.append(("mixed", str(smollm2_path()), MIXED, {"method": "ngram-mod", "ngram_options": {"n_match": 8}}))
+        out.append(("mixed", smollm2(), MIXED, {"method": "ngram-mod", "ngram_options": {"n_match": 8}}))
+    if "self-draft" in args.cases:  # a drafter as dear as its target: it cannot pay, whatever it accepts
+        out.append(("self-draft", smollm2(), MIXED, {"method": "draft", "draft_model": smollm2()}))
     return out
 
 
