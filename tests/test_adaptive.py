@@ -15,6 +15,8 @@ from llamaspec_fixtures import FixtureInfo
 from .conftest import token_ids
 
 N_MAX = 8
+DRAFT_US = 100.0   # the drafter's time per drafted token (10% of a plain step)
+SHADOW_US = 50.0   # a one-token shadow draft: 5% of a plain step (an MTP head on a small model)
 
 
 def cost(batch: int) -> float:
@@ -22,117 +24,150 @@ def cost(batch: int) -> float:
     return 1000.0 + 150.0 * (batch - 1)
 
 
-SHADOW_US = 50.0  # a one-token draft costs 5% of a plain step (an MTP head on a small model)
+def true_rate(k: int, p: float, draft_us: float = DRAFT_US) -> float:
+    """Tokens per microsecond of length k at per-token acceptance p, with the simulated costs (the
+    noise below averages 1.05)."""
+    tokens = sum(p ** j for j in range(k + 1))
+    return tokens / (draft_us * k + 1.05 * cost(k + 1))
 
 
-def drive(acceptance: Callable[[int], float], n: int = 400, seed: int = 1,
-          shadows: list[int] | None = None, slowdown: Callable[[int, int], float] = lambda i, k: 1.0) -> list[int]:
+def best_rate(p: float, draft_us: float = DRAFT_US) -> float:
+    return max(true_rate(k, p, draft_us) for k in range(N_MAX + 1))
+
+
+def drive(acceptance: Callable[[int], float], n: int = 400, seed: int = 1, shadows: list[int] | None = None,
+          slowdown: Callable[[int, int], float] = lambda i, k: 1.0, draft_us: float = DRAFT_US,
+          shadow_us: float = SHADOW_US, policy: _native.DraftLengthPolicy | None = None) -> list[int]:
     """Run the policy against a drafter whose tokens are accepted with the given probability; the
     steps that carried a shadow draft are appended to shadows; slowdown(step, length) multiplies a
     verify's cost (a slow spell)."""
     rng = random.Random(seed)
-    policy = _native.DraftLengthPolicy(N_MAX, 0)
+    policy = policy or _native.DraftLengthPolicy(N_MAX, 0)
     chosen = []
     for i in range(n):
         k = policy.choose()
         chosen.append(k)
         if k == 0 and policy.shadow:
             assert policy.shadow_length == 1
-            policy.observe_shadow(True, rng.random() < acceptance(i), SHADOW_US)
+            policy.observe_shadow(True, rng.random() < acceptance(i), shadow_us)
             if shadows is not None:
                 shadows.append(i)
         a = 0
         while a < k and rng.random() < acceptance(i):
             a += 1
-        policy.observe(k, k, a, 100.0 * k, cost(k + 1) * slowdown(i, k) * rng.uniform(0.9, 1.2))
+        policy.observe(k, k, a, draft_us * k, cost(k + 1) * slowdown(i, k) * rng.uniform(0.9, 1.2))
     return chosen
+
+
+def efficiency(chosen: list[int], p: float) -> float:
+    """The rate of the lengths chosen, relative to the best length's (1.0: always the best)."""
+    return sum(true_rate(k, p) for k in chosen) / len(chosen) / best_rate(p)
 
 
 pytestmark = pytest.mark.unit
 
 
-def test_policy_falls_to_zero_when_nothing_is_accepted() -> None:
+def test_policy_never_verifies_a_draft_when_nothing_is_accepted() -> None:
     shadows: list[int] = []
     chosen = drive(lambda i: 0.0, shadows=shadows)
-    # it never verifies a draft: acceptance is measured with shadow drafts (drafted, not verified)
+    # acceptance is measured with shadow drafts (drafted, not verified)...
     assert chosen == [0] * len(chosen)
-    # which come often at first, then within their cost budget (3% of plain decoding: every 2nd step here)
-    assert shadows[:3] == [0, 1, 2]
-    assert 0.3 < len(shadows[50:]) / len(chosen[50:]) <= 0.55
+    # ...which come on the first steps, then within their cost budget (1% of plain decoding: 5% of a
+    # plain step each, so one in 5 steps)
+    assert shadows[:2] == [0, 1]
+    assert 0.15 < sum(i >= 50 for i in shadows) / len(chosen[50:]) <= 0.21
 
 
 def test_shadow_drafts_stay_within_their_budget() -> None:
-    policy = _native.DraftLengthPolicy(N_MAX, 0)
-    shadows = 0
-    for _ in range(400):
-        assert policy.choose() == 0
-        if policy.shadow:
-            shadows += 1
-            policy.observe_shadow(True, False, 300.0)  # 30% of a plain step: once in 10 steps
-        policy.observe(0, 0, 0, 0.0, 1000.0)
-    assert 30 < shadows <= 50
+    # a shadow draft costs 10% of a plain step, plus its catch-up: per plain step since the last one,
+    # an MTP head's or a draft model's decode of that row. Watching may cost 1% of plain decoding:
+    # no catch-up cost, one in 10 steps; 0.5% a row, one in 20; 15% a row, never within budget: the
+    # drafter is left idle after the first few
+    for per_row, lo, hi in [(0.0, 35, 45), (5.0, 17, 25), (150.0, 2, 6)]:
+        policy = _native.DraftLengthPolicy(N_MAX, 0)
+        shadows, last = [], 0
+        for i in range(400):
+            assert policy.choose() == 0
+            if policy.shadow:
+                shadows.append(i)
+                policy.observe_shadow(True, False, 100.0 + per_row * max(0, i - last - 1))
+                last = i
+            policy.observe(0, 0, 0, 0.0, 1000.0)
+        assert lo <= len(shadows) <= hi, (per_row, shadows)
+        assert per_row < 100 or max(shadows) < 100
 
 
-def test_policy_rises_to_the_maximum_when_everything_is_accepted() -> None:
-    tail = drive(lambda i: 1.0)[50:]
-    assert sum(k >= N_MAX - 1 for k in tail) / len(tail) > 0.9
+@pytest.mark.parametrize("seed", range(1, 4))
+@pytest.mark.parametrize("p", [1.0, 0.9, 0.75, 0.5, 0.3])
+def test_policy_converges_to_the_best_length(p: float, seed: int) -> None:
+    # the simulated machine's best length for this acceptance (0 at 30%: plain decoding) is found
+    # within 100 steps, and the lengths chosen afterwards run within 3% of it
+    chosen = drive(lambda i: p, n=500, seed=seed)
+    assert efficiency(chosen[100:], p) > 0.97, (p, chosen[100:160])
 
 
-def test_policy_chooses_a_middle_length_at_75_percent() -> None:
-    tail = drive(lambda i: 0.75)[50:]
-    mean = sum(tail) / len(tail)
-    assert 1.5 < mean < 5.0  # the model's optimum is 2-4 for this cost curve
+def test_a_drafter_that_cannot_pay_is_left_alone() -> None:
+    # every draft is accepted, but a drafted token costs as much as a plain step (a draft model as
+    # slow as its target): no length can pay, so none is verified, and once that is clear no shadow
+    # draft is made either (a draft model would otherwise decode the text to keep up with it)
+    shadows: list[int] = []
+    chosen = drive(lambda i: 1.0, n=400, draft_us=1000.0, shadow_us=1000.0, shadows=shadows)
+    assert chosen == [0] * 400
+    assert max(shadows) < 5
 
 
 @pytest.mark.parametrize("seed", range(1, 6))
 @pytest.mark.parametrize("before, after", [(1.0, 0.0), (0.0, 1.0)])
 def test_policy_notices_a_change_of_text(before: float, after: float, seed: int) -> None:
     chosen = drive(lambda i: before if i < 200 else after, n=500, seed=seed)
-    # settled: 10 steps in a row plain, or 9 of 10 at the longest lengths
     if after == 0.0:
+        # settled: 10 steps in a row plain. The drafts fail at once, but acceptance fades by 0.97 per
+        # verify, so it takes a few dozen failed verifies
         settled = next(i for i in range(200, 490) if chosen[i:i + 10] == [0] * 10)
-        # the drafts fail at once, but acceptance fades by 0.97 per verify: 44-88 verifies over 12 seeds
         assert settled - 200 <= 100
         assert chosen[350:].count(0) / 150 > 0.9
     else:
-        # a few shadow drafts, then the cost calibration (drafting had never paid before): 23 steps
-        settled = next(i for i in range(200, 490) if sum(k >= N_MAX - 1 for k in chosen[i:i + 10]) >= 9)
-        assert settled - 200 <= 40
+        # back to drafting within 60 steps (shadow drafts every 2nd step see the change), at the
+        # longest lengths soon after
+        assert next(i for i in range(200, 500) if chosen[i] > 0) - 200 <= 60
         assert sum(k >= N_MAX - 1 for k in chosen[300:]) / 200 > 0.9
 
 
-def test_one_slow_verify_moves_a_known_cost_by_a_bounded_step() -> None:
-    # a verify preempted by another process (1.5-2x) once locked a good length out for the rest of a
-    # call; a measurement now moves a well-known cost by at most a quarter of it, times the EMA's gain
+def test_one_slow_verify_does_not_move_a_known_cost() -> None:
+    # a verify preempted by another process (1.5-2x) once locked a good length out for the rest of
+    # a call: a length's cost is the mean of its last 8 measurements less the largest
     policy = _native.DraftLengthPolicy(N_MAX, 0)
-    for _ in range(30):  # the first is the warm-up, not measured
+    policy.observe(0, 0, 0, 0.0, 500.0)  # the first of each length is a warm-up, not measured
+    policy.observe(0, 0, 0, 0.0, 500.0)
+    for _ in range(30):
         policy.observe(4, 4, 4, 0.0, 1000.0)
     assert policy.expected_us(4) == pytest.approx(1000.0)
-    for _ in range(3):
-        policy.observe(4, 4, 4, 0.0, 5000.0)
-    assert 1000.0 < policy.expected_us(4) < 1050.0
-    # a lasting change is still followed
-    for _ in range(80):
+    policy.observe(4, 4, 4, 0.0, 5000.0)
+    assert policy.expected_us(4) == pytest.approx(1000.0)
+    # a lasting change is followed within the window
+    for _ in range(8):
         policy.observe(4, 4, 4, 0.0, 2000.0)
-    assert policy.expected_us(4) > 1800.0
+    assert policy.expected_us(4) == pytest.approx(2000.0)
 
 
 def test_a_length_measured_during_a_slow_spell_is_measured_again() -> None:
     # everything is accepted, so the longest draft is best, but its verifies are slow for a while
-    # (another process on the core): the policy moves to a shorter length, and once the estimate of
-    # the longest one is old enough to be doubted it is measured again and chosen again
-    chosen = drive(lambda i: 1.0, n=500, slowdown=lambda i, k: 1.3 if k == N_MAX and 50 <= i < 150 else 1.0)
+    # (another process on the core): the policy moves to a shorter length, and once the slow
+    # measurements are old (512 steps) the length is estimated from its neighbours, chosen and
+    # measured again
+    chosen = drive(lambda i: 1.0, n=1000,
+                   slowdown=lambda i, k: 1.3 if k == N_MAX and 50 <= i < 150 else 1.0)
     assert sum(k == N_MAX for k in chosen[100:150]) / 50 < 0.2  # it left the slow length...
-    assert sum(k == N_MAX for k in chosen[400:]) / 100 > 0.8  # ...and came back
+    assert sum(k == N_MAX for k in chosen[800:]) / 200 > 0.8  # ...and came back
 
 
 def test_drafting_costs_measured_in_a_slow_spell_do_not_keep_the_session_plain() -> None:
-    # the first drafting verifies (the cost calibration) run 2.5x slow, so drafting looks worse than
-    # plain decoding at 75% acceptance; shadow drafts only update the acceptance, so without doubting
-    # those costs the session stayed plain for good (seen once in 12 real ~75% sessions)
-    chosen = drive(lambda i: 0.75, slowdown=lambda i, k: 2.5 if k > 0 and i < 40 else 1.0)
+    # the first drafting verifies run 2.5x slow, so drafting looks worse than plain decoding at 75%
+    # acceptance; shadow drafts only update the acceptance, so without forgetting those costs the
+    # session stayed plain for good (seen once in 12 real ~75% sessions)
+    chosen = drive(lambda i: 0.75, n=1000, slowdown=lambda i, k: 2.5 if k > 0 and i < 40 else 1.0)
     assert chosen[10:40].count(0) > 20  # the slow spell made it plain...
-    assert sum(k > 0 for k in chosen[200:]) / 200 > 0.8  # ...but not for good
+    assert efficiency(chosen[700:], 0.75) > 0.97  # ...but not for good
 
 
 def test_policy_respects_n_min_and_its_model_is_monotone() -> None:
@@ -146,44 +181,30 @@ def test_policy_respects_n_min_and_its_model_is_monotone() -> None:
     assert [policy.expected_tokens(k) for k in range(7)] == sorted(policy.expected_tokens(k) for k in range(7))
 
 
-# A text whose wrong drafts sit at fixed places of a repeating cycle (as on the MTP speed fixture at
-# ~75%: 13 of 95 positions): how many tokens a verify of length k yields depends on how k lines up
-# with the gaps between them, which acceptance per draft position cannot tell.
-CYCLE = 40
-WRONG = {3, 8, 9, 15, 22, 27, 34}
-
-
-def phase_locked_verify(start: int, k: int) -> int:
-    """Drafts accepted by a verify of length k that starts at text position start."""
-    a = 0
-    while a < k and (start + a) % CYCLE not in WRONG:
-        a += 1
-    return a
-
-
-def true_tokens_per_verify(k: int, n: int = 4000) -> float:
-    """Tokens per verify of length k on that text, by running it."""
-    position, verifies = 0, 0
-    while position < n:
-        position += phase_locked_verify(position, k) + 1
-        verifies += 1
-    return position / verifies
-
-
-@pytest.mark.parametrize("drafted", [4, 5, 8])
-def test_the_policy_predicts_other_lengths_from_the_text_it_saw(drafted: int) -> None:
-    # drafting one length for a while, the policy predicts what every other length would yield from
-    # the accepted and rejected positions of the text (a replay of the verifies each length would
-    # have made), blended with the per-position model (ADR 0009)
+@pytest.mark.parametrize("drafted", [2, 5, 8])
+def test_the_model_predicts_every_length_from_the_one_drafted(drafted: int) -> None:
+    # drafting one length at steady per-token acceptance p, the per-position model predicts what
+    # every length yields (E(k) = sum of p^j, j <= k): on average within 5% (one estimate, from the
+    # last ~33 verifies, is within ~15%); the cost of the lengths not measured is interpolated from
+    # those that were
+    p = 0.8
+    rng = random.Random(3)
     policy = _native.DraftLengthPolicy(N_MAX, 0)
-    position = 0
-    for _ in range(150):
-        a = phase_locked_verify(position, drafted)
-        policy.observe(drafted, drafted, a, 100.0, cost(drafted + 1))
-        position += a + 1
-    assert policy.expected_tokens(drafted) == pytest.approx(true_tokens_per_verify(drafted), rel=0.03)
-    for k in range(1, N_MAX + 1):
-        assert policy.expected_tokens(k) == pytest.approx(true_tokens_per_verify(k), rel=0.15), k
+    for _ in range(3):
+        policy.observe(0, 0, 0, 0.0, cost(1))
+    seen = [0.0] * (N_MAX + 1)
+    for i in range(400):
+        a = 0
+        while a < drafted and rng.random() < p:
+            a += 1
+        policy.observe(drafted, drafted, a, DRAFT_US * drafted, cost(drafted + 1))
+        if i >= 100:
+            seen = [s + policy.expected_tokens(k) / 300 for k, s in enumerate(seen)]
+    for k in range(1, drafted + 1):
+        assert seen[k] == pytest.approx(sum(p ** j for j in range(k + 1)), rel=0.05), k
+    assert policy.expected_us(drafted) == pytest.approx(cost(drafted + 1) + DRAFT_US * drafted)
+    measured = cost(drafted + 1) + DRAFT_US * drafted
+    assert policy.expected_us(1) == pytest.approx(cost(1) + (measured - cost(1)) / drafted)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,7 +273,9 @@ def test_plain_steps_do_not_decode_the_mtp_head(fx_mtp_levels: dict[str, Fixture
     """Patch 0005: the MTP head's catch-up decode is deferred to the next draft, so an auto session
     at 0% (plain steps, shadow drafts now and then) decodes on its MTP context about twice per
     shadow draft (the catch-up of the rows since the last one, the one-token draft) instead of once
-    per token; before the patch every plain step was one MTP decode."""
+    per token; before the patch every plain step was one MTP decode. (On this fixture the head is a
+    large part of the model, so catching it up costs far more than the policy's budget for watching:
+    after the first few shadow drafts it is left idle.)"""
     info = fx_mtp_levels["0"]
     with llamaspec.Model(info.path) as m, MTP(m, n_draft="auto", n_ctx=1024, n_threads=1, no_perf=False) as auto:
         auto.generate(m.detokenize(info.cycle[:8]), 400, temperature=0)
@@ -263,6 +286,3 @@ def test_plain_steps_do_not_decode_the_mtp_head(fx_mtp_levels: dict[str, Fixture
         perf = draft_ctx.perf()
         # single-token decodes: one-token drafts and one-row catch-ups; longer catch-ups count as prompt tokens
         assert perf["eval_runs"] <= 2 * st.shadow_drafts
-        # ...and every token reached the head (the catch-ups are not skipped): prompt + generated
-        assert perf["prompt_tokens"] + perf["eval_runs"] >= st.iterations
-        assert st.shadow_drafts < st.iterations / 3

@@ -2,173 +2,106 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace llamaspec {
 
+// The six constants of the policy; ADR 0009 gives the experiment behind each.
 namespace {
-constexpr double kDecay = 0.97;       // acceptance evidence fades over the last ~33 drafting verifies
-                                      // (0.93 made the estimate of long drafts noisy enough to flip the choice)
-constexpr double kAlpha = 0.05;       // cost EMAs once a length is well measured (a running mean before);
-                                      // symmetric (following faster times faster biased the estimates toward
-                                      // the length measured most: it looked cheapest)
-constexpr double kCostClip = 1.25;    // one measurement moves a known cost by at most x/÷ this (a preempted
-                                      // verify, 1.5-2x, once locked a good length out for the rest of a call)
-constexpr double kConfidenceFade = 0.98;  // a length's cost confidence fades with every verify measured
-constexpr double kPriorAccepted = 0.5;  // acceptance prior: half of one (0.5) until evidence arrives
-constexpr double kPriorTried = 1;
-constexpr double kReplayPrior = 4;    // positions: the replay's shape outweighs the model's once it saw a verify or two
-constexpr double kExtraTokenCost = 0.25;  // cost slope guess (per extra draft token, relative) before two lengths are known
-constexpr uint64_t kProbeEvery = 32;   // a slot to learn another length this often (every 16th: ~5% slower
-                                       // than fixed 5 at ~75% with 93% of verifies on 5; ADR 0009)
-constexpr double kStaleness = 0.1;    // exploration's optimism: a cost measured rarely or long ago may be up to
-constexpr double kOptimismMax = 0.5;  // this over sqrt(its confidence) lower than its estimate, at most this
-constexpr uint32_t kFirstShadows = 3; // shadow drafts before the first decision (with the prior: 2 misses say "plain")
-constexpr double kShadowBudget = 0.03;  // shadow drafts may cost up to 3% of plain decoding...
-constexpr uint32_t kShadowGapMax = 32;  // ...but come at least this often
+constexpr double kDecay = 0.97;          // acceptance evidence fades by this per drafting observation
+                                         // (a window of ~33 verifies)
+constexpr size_t kCostWindow = 8;        // T(k): the mean of a length's last 8 measurements, less the largest
+constexpr double kSlopeGuess = 0.25;     // an unmeasured verify's extra rows: +25% of a plain step each
+                                         // (replaced by the first measurement)
+constexpr double kShadowBudget = 0.01;   // watching (shadow drafts) costs at most 1% of plain decoding...
+constexpr uint64_t kLookMax = 32;        // ...but come at least every 32 plain steps while drafting could
+                                         // pay; also every 32nd verify measures a neighbour length
+constexpr uint64_t kForget = 512;        // a drafting length's cost not measured for 512 steps is
+                                         // estimated again (measured during a slow spell, it would
+                                         // keep a good length out for good)
 }  // namespace
 
-void DraftLengthPolicy::CostTable::observe(size_t i, double us) {
-    if (i >= ema.size()) return;
-    if (weight[i] >= 2) us = std::clamp(us, ema[i] / kCostClip, ema[i] * kCostClip);
-    // a running mean while few measurements back the estimate (also when they are old), then an EMA
-    const double gain = std::max(kAlpha, 1.0 / (1.0 + confidence[i]));
-    ema[i] = weight[i] > 0 ? (1 - gain) * ema[i] + gain * us : us;
-    weight[i] += 1;
-    for (double & c : confidence) c *= kConfidenceFade;
-    confidence[i] += 1;
+void DraftLengthPolicy::Cost::add(double us, uint64_t iteration) {
+    if (iteration - at > kForget) recent.clear();  // forgotten: old measurements do not come back
+    at = iteration;
+    if (!warmed) {  // a length's first decode allocates its graphs: not the steady state
+        warmed = true;
+        return;
+    }
+    if (recent.size() < kCostWindow) {
+        recent.push_back(us);
+    } else {
+        recent[next] = us;
+        next = (next + 1) % kCostWindow;
+    }
 }
 
-std::vector<double> DraftLengthPolicy::CostTable::filled() const {
-    const size_t n = ema.size();
-    std::vector<size_t> known;
-    for (size_t i = 0; i < n; ++i) {
-        if (weight[i] > 0) known.push_back(i);
-    }
-    std::vector<double> out(n, 1.0);
-    if (known.empty()) return out;  // no evidence yet: flat (plain steps are measured first)
-    auto slope_between = [&](size_t a, size_t b) {
-        return std::max(0.0, (ema[b] - ema[a]) / (double) (b - a));
-    };
-    // one point: a guessed slope relative to it; more: the nearest two known points' slope
-    const double slope_lo = known.size() >= 2 ? slope_between(known[0], known[1])
-                                              : kExtraTokenCost * ema[known[0]] / (1 + kExtraTokenCost * (double) known[0]);
-    const double slope_hi = known.size() >= 2 ? slope_between(known[known.size() - 2], known.back()) : slope_lo;
-    for (size_t i = 0; i < n; ++i) {
-        if (i <= known.front()) {
-            out[i] = std::max(0.0, ema[known.front()] - slope_lo * (double) (known.front() - i));
-        } else if (i >= known.back()) {
-            out[i] = ema[known.back()] + slope_hi * (double) (i - known.back());
-        } else {
-            const auto it = std::lower_bound(known.begin(), known.end(), i);  // known.front() < i < known.back()
-            const size_t hi = *it, lo = hi == i ? hi : *(it - 1);
-            out[i] = lo == hi ? ema[lo] : ema[lo] + (ema[hi] - ema[lo]) * (double) (i - lo) / (double) (hi - lo);
-        }
-    }
-    return out;
+double DraftLengthPolicy::Cost::mean() const {
+    if (recent.empty()) return 0;
+    const double sum = std::accumulate(recent.begin(), recent.end(), 0.0);
+    if (recent.size() < 3) return sum / (double) recent.size();
+    return (sum - *std::max_element(recent.begin(), recent.end())) / (double) (recent.size() - 1);
 }
 
 DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
     : n_max_(std::max(1, n_max)), n_min_(std::clamp(n_min, 1, std::max(1, n_max))),
-      asked_(n_max_, 0.0), drafted_(n_max_, 0.0), tried_(n_max_, 0.0), accepted_(n_max_, 0.0) {
-    iteration_us_.ema.assign(n_max_ + 1, 0.0);
-    iteration_us_.weight.assign(n_max_ + 1, 0.0);
-    iteration_us_.confidence.assign(n_max_ + 1, 0.0);
-    warmed_.assign(n_max_ + 1, false);
-    replay_.ends.assign(n_max_ + 1, 0.0);
-    for (int32_t k = 0; k <= n_max_; ++k) replay_.state.emplace_back(k + 1, 0.0);
-    replay_.clear();
+      tried_(n_max_, 0.0), accepted_(n_max_, 0.0), cost_(n_max_ + 1) {}
+
+bool DraftLengthPolicy::known(int32_t k) const {
+    const Cost & c = cost_[(size_t) k];
+    return !c.recent.empty() && (k == 0 || iteration_ - c.at <= kForget);
 }
 
-double DraftLengthPolicy::p_drafted(int32_t i) const {
-    return (drafted_[i] + 1.0) / (asked_[i] + 1.0);  // prior: the drafter delivers what is asked
-}
-
-std::vector<double> DraftLengthPolicy::expected_tokens_by_length() const {
+std::vector<double> DraftLengthPolicy::tokens() const {
+    // E(k) = 1 + sum_{j=1..k} prod_{i<j} q_i, where q_i is the chance that draft position i is
+    // accepted when asked for and every position before it was (a position the drafter did not
+    // produce counts as rejected). Each q_i has one pseudo-observation of prior: 0.5 for position 0,
+    // the estimate of the position before for the others (acceptance tends to hold along a draft,
+    // so positions rarely reached are not dragged to 0.5).
     std::vector<double> e(n_max_ + 1, 1.0);
-    double chain = 1.0;
-    // position 0 shrinks toward 0.5; every later one toward the position before it (acceptance
-    // tends to hold along a draft), so sparse evidence at long positions does not drag them to 0.5
-    double p_acc = kPriorAccepted / kPriorTried;
+    double chain = 1.0, prior = 0.5;
     for (int32_t i = 0; i < n_max_; ++i) {
-        p_acc = (accepted_[i] + p_acc * kPriorTried) / (tried_[i] + kPriorTried);
-        chain *= p_drafted(i) * p_acc;
+        const double q = (accepted_[i] + prior) / (tried_[i] + 1.0);
+        chain *= q;
         e[i + 1] = e[i] + chain;
+        prior = q;
     }
     return e;
 }
 
-void DraftLengthPolicy::Replay::fade() {
-    for (double & e : ends) e *= kDecay;
-    positions *= kDecay;
-    known *= kDecay;
-    accepted *= kDecay;
-}
-
-void DraftLengthPolicy::Replay::clear() {
-    for (auto & p : state) {
-        std::fill(p.begin(), p.end(), 0.0);
-        p[0] = 1.0;
-    }
-    std::fill(ends.begin(), ends.end(), 0.0);
-    positions = known = accepted = 0;
-}
-
-void DraftLengthPolicy::Replay::add(int acc) {
-    // a position never drafted (a verify's bonus token) is accepted with the observed rate
-    const double a = acc < 0 ? (accepted + kPriorAccepted) / (known + kPriorTried) : (double) acc;
-    for (size_t k = 1; k < state.size(); ++k) {
-        std::vector<double> & p = state[k];
-        double end = p[k];  // the position after k accepted drafts is the verify's own token
-        for (size_t j = k; j > 0; --j) {
-            end += p[j - 1] * (1 - a);  // a rejected draft: the verify ends with the target's token
-            p[j] = p[j - 1] * a;
+std::vector<double> DraftLengthPolicy::costs() const {
+    // A length's own measurements where they are recent (cost curves are bumpy: on the MTP fixture a
+    // batch of 8 is slower than 7 and 9); elsewhere linear between the nearest measured lengths; past
+    // the longest measured one (a plain step at least), a guess per extra token: the cheapest draft
+    // time per token seen plus kSlopeGuess of a plain step for its verified row. (Not the slope of
+    // the last two measured: cost curves are concave, on the hybrid MTP fixture a 1-token draft
+    // costs 3x a plain step and an 8-token one 3.4x, so that slope rules out every longer draft.)
+    std::vector<double> t(n_max_ + 1, 0.0);
+    if (!known(0)) return t;
+    std::vector<int32_t> measured;
+    for (int32_t k = 0; k <= n_max_; ++k) {
+        if (known(k)) {
+            measured.push_back(k);
+            t[k] = cost_[(size_t) k].mean();
         }
-        p[0] = end;
-        ends[k] += end;
     }
-    positions += 1;
-    if (acc >= 0) {
-        known += 1;
-        accepted += acc;
-    }
-}
-
-std::vector<double> DraftLengthPolicy::estimated_tokens_by_length() const {
-    std::vector<double> e = expected_tokens_by_length();
-    const int32_t r = last_requested_;
-    if (r == 0 || replay_.ends[r] <= 1e-9) return e;  // plain: shadow drafts see position 0 only
-    // the level from the per-position model at the length being drafted (it follows a change of text
-    // within a few verifies), the shape across lengths from the replay (shrunk toward the model's
-    // own shape while the replay has seen few positions)
-    const double n = replay_.positions;
-    const double w = n / (n + kReplayPrior);
-    const double level = e[r];
-    const double replay_r = n / replay_.ends[r];
-    std::vector<double> out(e.size(), 1.0);
+    const double t0 = t[0], draft = std::max(0.0, draft_token_us_);
     for (int32_t k = 1; k <= n_max_; ++k) {
-        const double replay_k = replay_.ends[k] > 1e-9 ? n / replay_.ends[k] : (double) (k + 1);
-        out[k] = level * (w * replay_k / replay_r + (1 - w) * e[k] / e[r]);
+        if (known(k)) continue;
+        const auto hi = std::upper_bound(measured.begin(), measured.end(), k);
+        const int32_t lo = *(hi - 1);  // measured[0] == 0 < k
+        t[k] = hi != measured.end() ? t[lo] + (t[*hi] - t[lo]) * (double) (k - lo) / (double) (*hi - lo)
+                                    : t[lo] + (kSlopeGuess * t0 + draft) * (double) (k - lo);
     }
-    return out;
+    return t;
 }
 
-double DraftLengthPolicy::expected_tokens(int32_t k) const {
-    return estimated_tokens_by_length()[std::clamp(k, 0, n_max_)];
-}
-
-double DraftLengthPolicy::expected_us(int32_t k) const {
-    return iteration_us_.filled()[std::clamp(k, 0, n_max_)];
-}
-
-int32_t DraftLengthPolicy::best(const std::vector<double> & tokens, const std::vector<double> & us) const {
-    // costs are measured per length asked for, as a whole (draft, verify, bookkeeping, sampling,
-    // emission): cost curves are bumpy (one batch size can be slower than both neighbours), so a
-    // length's own measurement beats any model of it; unmeasured lengths are interpolated
+int32_t DraftLengthPolicy::best(const std::vector<double> & e, const std::vector<double> & t) const {
     int32_t best_k = 0;
-    double best_rate = tokens[0] / std::max(1e-9, us[0]);
+    double best_rate = e[0] / t[0];
     for (int32_t k = n_min_; k <= n_max_; ++k) {
-        const double rate = tokens[k] / std::max(1e-9, us[k]);
-        if (rate > best_rate * 1.0001) {  // ties go to the shorter draft
+        const double rate = e[k] / t[k];
+        if (rate > best_rate) {  // ties go to the shorter draft
             best_rate = rate;
             best_k = k;
         }
@@ -176,103 +109,69 @@ int32_t DraftLengthPolicy::best(const std::vector<double> & tokens, const std::v
     return best_k;
 }
 
-uint32_t DraftLengthPolicy::shadow_gap() const {
-    const double plain_us = iteration_us_.weight[0] > 0 ? iteration_us_.ema[0] : 0.0;
-    if (shadow_us_ <= 0 || plain_us <= 0) return 1;
-    const double gap = std::ceil(shadow_us_ / (kShadowBudget * plain_us));
-    return (uint32_t) std::clamp(gap, 1.0, (double) kShadowGapMax);
-}
-
 int32_t DraftLengthPolicy::choose() {
     const uint64_t it = iteration_++;
     shadow_ = false;
-    if (!calibration_.empty()) {  // measure the cost curve at a few lengths
-        const int32_t k = calibration_.front();
-        calibration_.erase(calibration_.begin());
-        return k;
-    }
-    // start plain, looking with shadow drafts: nothing is verified until acceptance makes it worth it
-    if (shadows_ < kFirstShadows || iteration_us_.weight[0] == 0) {
+    if (!known(0) || shadows_ < 2) {
+        // the first steps are plain, each with a shadow draft, until a plain step and a shadow draft
+        // were measured (past the warm-up of each: the first shadow draft also catches the drafter
+        // up on the prompt)
         shadow_ = true;
         return 0;
     }
-    // an exploration slot that picks a length never verified spends that verify on its warm-up (not
-    // measured): it is verified once more right after, so that one slot measures it
-    auto probe = [this](int32_t c) {
-        if (c > 0 && !warmed_[(size_t) c]) calibration_.push_back(c);
-        return c;
-    };
-    // the tables best() and explore() read, once per step
-    const std::vector<double> tokens = estimated_tokens_by_length();
-    const std::vector<double> us = iteration_us_.filled();
-    const int32_t k = best(tokens, us);  // with only the plain cost measured, longer verifies get a guessed slope
-    if (k > 0 && !calibrated_) {
-        // drafting may pay: measure what verifies really cost, at the longest draft, half of it and
-        // the shortest, twice (the first of each allocates graphs and is not measured; verify costs
-        // are not linear in the batch size, e.g. on hybrid models; the rest is interpolated and
-        // refined by the probes below)
-        calibrated_ = true;
-        std::vector<int32_t> once;
-        for (int32_t c : {n_max_, std::max(n_min_, n_max_ / 2), n_min_}) {
-            if (std::find(once.begin(), once.end(), c) == once.end()) once.push_back(c);
-        }
-        calibration_ = once;
-        calibration_.insert(calibration_.end(), once.begin(), once.end());
-        const int32_t first = calibration_.front();
-        calibration_.erase(calibration_.begin());
-        return first;
+    const std::vector<double> t = costs();
+    const int32_t k = best(tokens(), t);
+    if (k > 0) {
+        // every kLookMax-th verify measures a neighbour of the best length instead, k + 1 and k - 1
+        // in turn: between measured lengths costs are interpolated, and a bumpy cost curve (or a
+        // slow spell of one length) can hide a cheaper length there
+        if (++verifies_ % kLookMax != 0) return k;
+        const int32_t step = (verifies_ / kLookMax) % 2 == 0 ? 1 : -1;
+        const int32_t n = k + step >= n_min_ && k + step <= n_max_ ? k + step : k - step;
+        return n >= n_min_ && n <= n_max_ ? n : k;
     }
-    if (k == 0) {  // drafting does not pay: keep looking, with shadow drafts...
-        if (calibrated_ && it % kProbeEvery == kProbeEvery - 1) {
-            // ...and doubt the costs that say so: measured during a slow spell, they would keep the
-            // session plain at any acceptance (shadow drafts only update the acceptance)
-            const int32_t c = explore(0, tokens, us);
-            if (c != 0) return probe(c);
-        }
-        if (it >= next_shadow_) {
-            shadow_ = true;
-            next_shadow_ = it + shadow_gap();
-        }
-        return 0;
-    }
-    if (it % kProbeEvery == kProbeEvery - 1) return probe(explore(k, tokens, us));
-    return k;
+    // Plain. Acceptance can only be learnt from shadow drafts now; they matter only if some length
+    // would pay were every draft accepted. A draft model as slow as its target never would: then no
+    // shadow draft is made, and the draft model is not even kept up to date with the text.
+    std::vector<double> full(n_max_ + 1);
+    std::iota(full.begin(), full.end(), 1.0);
+    if (best(full, t) == 0) return 0;
+    if (it < next_shadow_) return 0;
+    // A shadow draft after G plain steps costs about d + c * G: d, the draft itself (the cheapest
+    // draft time per token seen), and c per row the drafter must catch up on (an MTP head's or a draft
+    // model's decode of the text since the last draft). Watching costs (d + c * G) / G per plain step;
+    // the gap is the shortest that keeps it within kShadowBudget of a plain step, and no gap can when
+    // c alone exceeds it: then the drafter is left idle (a draft model nearly as slow as its target).
+    const double budget = kShadowBudget * t[0];
+    const double row = catch_up_row_.recent.empty() ? 0.0 : catch_up_row_.mean();
+    if (row >= budget) return 0;
+    shadow_ = true;
+    const double gap = std::ceil(std::max(0.0, draft_token_us_) / (budget - row));
+    next_shadow_ = it + (uint64_t) std::clamp(gap, 1.0, (double) kLookMax);
+    return 0;
 }
 
-int32_t DraftLengthPolicy::explore(int32_t k, const std::vector<double> & tokens, const std::vector<double> & us) const {
-    // the length with the best optimistic rate: its cost may be lower than estimated by an amount that
-    // grows as its confidence fades (measured rarely, or long ago while the machine was slower), so
-    // every plausible length is measured again from time to time, the most promising first; k itself
-    // when no other could beat it (no exploration then). Cost curves are bumpy: interpolation can hide
-    // a cheap length, and ±1 steps around k (the first version) never reached it.
-    int32_t pick = k;
-    double pick_rate = tokens[k] / std::max(1e-9, us[k]);
-    for (int32_t c = n_min_; c <= n_max_; ++c) {
-        if (c == k) continue;
-        const double optimism =
-            std::min(kOptimismMax, kStaleness / std::sqrt(std::max(1e-6, iteration_us_.confidence[c])));
-        const double rate = tokens[c] / std::max(1e-9, us[c] * (1 - optimism));
-        if (rate > pick_rate) {
-            pick_rate = rate;
-            pick = c;
-        }
-    }
-    return pick;
+void DraftLengthPolicy::fade() {
+    for (double & x : tried_) x *= kDecay;
+    for (double & x : accepted_) x *= kDecay;
+}
+
+void DraftLengthPolicy::note_draft_time(double per_token_us) {
+    draft_token_us_ = draft_token_us_ < 0 ? per_token_us : std::min(draft_token_us_, per_token_us);
 }
 
 void DraftLengthPolicy::observe_shadow(bool drafted, bool accepted, double draft_us) {
-    // the same evidence as a one-position draft that was verified, without the verify
-    for (auto * v : {&asked_, &drafted_, &tried_, &accepted_}) {
-        for (double & x : *v) x *= kDecay;
+    // the evidence of a one-position draft that was verified, without the verify
+    fade();
+    tried_[0] += 1.0;
+    accepted_[0] += drafted && accepted ? 1.0 : 0.0;
+    if (drafted && shadows_ > 0) {  // the first one also caught the drafter up on the prompt
+        note_draft_time(draft_us);
+        const uint64_t gap = iteration_ - previous_shadow_;  // plain steps since the last shadow draft
+        if (gap > 1) catch_up_row_.add(std::max(0.0, draft_us - draft_token_us_) / (double) (gap - 1), iteration_);
     }
-    asked_[0] += 1.0;
-    if (drafted) {
-        drafted_[0] += 1.0;
-        tried_[0] += 1.0;
-        accepted_[0] += accepted ? 1.0 : 0.0;
-    }
-    shadow_us_ = shadows_ > 0 ? (1 - kAlpha) * shadow_us_ + kAlpha * draft_us : draft_us;
     ++shadows_;
+    previous_shadow_ = iteration_;
 }
 
 void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t n_accepted, double draft_us,
@@ -280,38 +179,26 @@ void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t 
     n_requested = std::clamp(n_requested, 0, n_max_);
     n_drafted = std::clamp(n_drafted, 0, n_requested);
     n_accepted = std::clamp(n_accepted, 0, n_drafted);
-    // all evidence fades with every draft, also at positions this one did not reach: a position
-    // that is no longer observed drifts back to its prior instead of keeping a stale estimate. Plain
-    // steps observe nothing and fade nothing (their shadow drafts, reported apart, do).
     if (n_requested > 0) {
-        for (auto * v : {&asked_, &drafted_, &tried_, &accepted_}) {
-            for (double & x : *v) x *= kDecay;
+        // all positions fade, also those this verify did not reach: a position no longer observed
+        // drifts back toward its prior instead of keeping a stale estimate. Plain steps observe no
+        // acceptance (their shadow drafts, reported apart, do).
+        fade();
+        for (int32_t i = 0; i < n_requested && i <= n_accepted; ++i) {  // asked, and all before accepted
+            tried_[i] += 1.0;
+            accepted_[i] += i < n_accepted ? 1.0 : 0.0;
         }
+        if (n_drafted > 0 && cost_[(size_t) n_requested].warmed) note_draft_time(draft_us / n_drafted);
     }
-    for (int32_t i = 0; i < n_requested && i <= n_drafted; ++i) {  // asked, and the one before was drafted
-        asked_[i] += 1.0;
-        drafted_[i] += i < n_drafted ? 1.0 : 0.0;
-    }
-    for (int32_t i = 0; i < n_drafted && i <= n_accepted; ++i) {  // drafted, and all before accepted
-        tried_[i] += 1.0;
-        accepted_[i] += i < n_accepted ? 1.0 : 0.0;
-    }
-    if (n_requested > 0) {
-        // the replay describes the text drafted since the last plain step: what came before a plain
-        // spell is another text (plain steps are not drafted, so they cannot be replayed)
-        if (last_requested_ == 0) replay_.clear();
-        replay_.fade();
-        for (int32_t i = 0; i < n_accepted; ++i) replay_.add(1);
-        replay_.add(n_accepted < n_requested ? 0 : -1);  // rejected or not produced; else the bonus token
-    }
-    last_requested_ = n_requested;
-    // the first verify of each length warms up its graphs (first decodes at a new batch size
-    // allocate): not the machine's steady state, so it is not measured
-    if (!warmed_[(size_t) n_requested]) {
-        warmed_[(size_t) n_requested] = true;
-        return;
-    }
-    iteration_us_.observe((size_t) n_requested, draft_us + rest_us);
+    cost_[(size_t) n_requested].add(draft_us + rest_us, iteration_);
+}
+
+double DraftLengthPolicy::expected_tokens(int32_t k) const {
+    return tokens()[(size_t) std::clamp(k, 0, n_max_)];
+}
+
+double DraftLengthPolicy::expected_us(int32_t k) const {
+    return costs()[(size_t) std::clamp(k, 0, n_max_)];
 }
 
 }  // namespace llamaspec
