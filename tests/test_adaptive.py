@@ -208,6 +208,83 @@ def test_the_model_predicts_every_length_from_the_one_drafted(drafted: int) -> N
 
 
 # ------------------------------------------------------------------------------------------------
+# several sequences: one step verifies every sequence's drafts, and costs by the rows it verifies
+
+
+def step_cost(rows: int, n_drafted_max: int) -> float:
+    """A step that verifies `rows` rows (1 ms plus 15% a row more) after drafting in lockstep for
+    its longest draft."""
+    return cost(rows) + DRAFT_US * n_drafted_max
+
+
+def batch_rate(lengths: list[int], ps: list[float]) -> float:
+    """Expected tokens per microsecond of a step with these lengths at these acceptances."""
+    tokens = sum(sum(p ** j for j in range(k + 1)) for k, p in zip(lengths, ps))
+    return tokens / (1.05 * cost(sum(k + 1 for k in lengths)) + DRAFT_US * max(lengths))
+
+
+def drive_batch(ps: list[float], n: int = 400, seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    policy = _native.DraftLengthPolicy(N_MAX, 0, len(ps))
+    seqs = list(range(len(ps)))
+    chosen = []
+    for _ in range(n):
+        lengths = policy.choose_step(seqs)
+        chosen.append(lengths)
+        for seq, (k, p) in enumerate(zip(lengths, ps)):
+            if k == 0 and policy.shadow_of(seq):
+                policy.observe_shadow_of(seq, True, rng.random() < p, SHADOW_US)
+            a = 0
+            while a < k and rng.random() < p:
+                a += 1
+            policy.observe_draft(seq, k, k, a)
+        rows = sum(k + 1 for k in lengths)
+        policy.observe_step(rows, max(lengths), DRAFT_US * max(lengths),
+                            cost(rows) * rng.uniform(0.9, 1.2))
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_each_sequence_gets_the_length_its_text_pays_for(seed: int) -> None:
+    # one sequence's drafts are all accepted, the other's never: the first drafts long, the second
+    # not at all (but when every 32nd step measures one draft token more, which goes to it)
+    tail = drive_batch([1.0, 0.0], seed=seed)[100:]
+    assert sum(k[0] >= N_MAX - 1 for k in tail) / len(tail) > 0.9
+    assert sum(k[1] == 0 for k in tail) / len(tail) > 0.93
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+@pytest.mark.parametrize("ps", [[0.9, 0.7, 0.5, 0.2], [0.8, 0.8, 0.8, 0.8], [0.0, 0.0, 0.0, 0.0]])
+def test_several_sequences_run_at_least_as_fast_as_the_best_fixed_length(ps: list[float], seed: int) -> None:
+    # the batch's rate, summed over its sequences, is at least what the best fixed length for all of
+    # them gives when their texts differ; when they are alike, one common length is the optimum and
+    # the noise of each sequence's own estimate (it sees a quarter of the evidence) costs up to 5%
+    tail = drive_batch(ps, seed=seed)[100:]
+    rate = sum(batch_rate(k, ps) for k in tail) / len(tail)
+    best_fixed = max(batch_rate([k] * len(ps), ps) for k in range(N_MAX + 1))
+    assert rate / best_fixed > (0.98 if len(set(ps)) > 1 else 0.95), (rate / best_fixed, tail[:5])
+
+
+def test_a_sequence_alone_is_chosen_for_as_in_a_session_of_one() -> None:
+    # a session of 4 sequences with one call running behaves as a session of one sequence
+    policy = _native.DraftLengthPolicy(N_MAX, 0, 4)
+    rng = random.Random(5)
+    chosen = []
+    for _ in range(300):
+        (k,) = policy.choose_step([2])
+        chosen.append(k)
+        if k == 0 and policy.shadow_of(2):
+            policy.observe_shadow_of(2, True, rng.random() < 0.75, SHADOW_US)
+        a = 0
+        while a < k and rng.random() < 0.75:
+            a += 1
+        policy.observe_draft(2, k, k, a)
+        policy.observe_step(k + 1, k, DRAFT_US * k, cost(k + 1) * rng.uniform(0.9, 1.2))
+    assert efficiency(chosen[100:], 0.75) > 0.97
+    assert not policy.shadow_of(0) and policy.expected_tokens(3, seq=0) == policy.expected_tokens(3, seq=1)
+
+
+# ------------------------------------------------------------------------------------------------
 # real sessions
 
 @pytest.mark.fixture
@@ -254,6 +331,26 @@ def test_auto_with_ngram_and_sampling(fx_nomtp_info: FixtureInfo) -> None:
         assert spec.generate("hello", 400, temperature=0) == g.generate("hello", 400, temperature=0)
         kw = dict(temperature=5.0, top_k=0, top_p=1.0, min_p=0.0, seed=3)
         assert spec.generate("hello", 200, **kw) == g.generate("hello", 200, **kw)
+
+
+@pytest.mark.fixture
+@pytest.mark.parametrize("level", ["100", "74"])
+def test_auto_with_several_sequences_is_lossless(fx_mtp_levels: dict[str, FixtureInfo], level: str) -> None:
+    # the policy chooses every sequence's length of a step together; output stays what plain
+    # decoding gives, greedy and seeded, whatever it chooses
+    info = fx_mtp_levels[level]
+    with llamaspec.Model(info.path) as m, llamaspec.Generator(m, n_ctx=512, n_threads=1) as plain, \
+            MTP(m, n_draft="auto", n_draft_max=6, n_ctx=512, n_threads=1, n_seq=3) as auto:
+        prompts = ["hello", m.detokenize(info.cycle[3:9]), "xyz", "ab", m.detokenize(info.cycle[:4])]
+        want = [plain.generate(p, 150, temperature=0) for p in prompts]
+        assert auto.generate_batch(prompts, 150, temperature=0) == want
+        kw = dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=11)
+        assert auto.generate_batch(prompts[:3], 100, **kw) == [plain.generate(p, 100, **kw) for p in prompts[:3]]
+        st = auto.stats()
+        assert st.adaptive and sum(st.draft_length_histogram) == st.iterations
+        assert st.passes < st.iterations  # the sequences shared their passes
+        if level == "100":
+            assert st.shadow_drafts > 0 and st.shadow_accepted >= st.shadow_drafts - len(prompts) - 3
 
 
 @pytest.mark.fixture

@@ -226,8 +226,6 @@ def test_multi_sequence_options_are_checked(fx: llamaspec.Model) -> None:
     for bad in (0, 65, "2", True):
         with pytest.raises(InvalidOptionError, match="n_seq"):
             MTP(fx, n_seq=bad)
-    with pytest.raises(InvalidOptionError, match="n_seq=1"):
-        MTP(fx, n_draft="auto", n_seq=2)
     with pytest.raises(InvalidOptionError, match="n_batch"):
         MTP(fx, n_draft=3, n_seq=4, n_batch=8, n_ubatch=8)
     with MTP(fx, n_draft=3, n_ctx=256, n_threads=1, n_seq=2) as multi:

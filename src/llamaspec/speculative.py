@@ -104,7 +104,8 @@ class Speculative(_StreamingSession):
             n_ctx: context size of each sequence, for the target and the draft context.
             n_seq: sequences decoded together, in [1, 64]: up to n_seq calls (``stream`` from
                 different threads or tasks, ``generate_batch``) run at once, each on its own
-                sequence, and share every draft and verify pass. ``n_draft="auto"`` needs n_seq=1.
+                sequence, and share every draft and verify pass (with ``n_draft="auto"`` the
+                lengths are chosen for each step's sequences together).
             ctx_checkpoints, checkpoint_every, prompt_cache_mb: the prompt cache, as for Generator
                 (README, "Prompt cache"); the drafter's state is checkpointed and saved with the
                 target's.
@@ -134,8 +135,6 @@ class Speculative(_StreamingSession):
         n_draft_min = int_option("n_draft_min", n_draft_min, 0, n_draft)
         n_seq = int_option("n_seq", n_seq, 1, 64)
         cache = prompt_cache_config(ctx_checkpoints, checkpoint_every, prompt_cache_mb)
-        if adaptive and n_seq > 1:
-            raise InvalidOptionError("n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence")
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise InvalidOptionError(f"p_min must be a number within [0, 1], got {p_min!r}")
         config: dict[str, Any] = {"methods": methods, "n_draft": n_draft, "n_draft_min": n_draft_min,

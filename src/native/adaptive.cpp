@@ -10,19 +10,22 @@ namespace llamaspec {
 namespace {
 constexpr double kDecay = 0.97;          // acceptance evidence fades by this per drafting observation
                                          // (a window of ~33 verifies)
-constexpr size_t kCostWindow = 8;        // T(k): the mean of a length's last 8 measurements, less the largest
-constexpr double kSlopeGuess = 0.25;     // an unmeasured verify's extra rows: +25% of a plain step each
-                                         // (replaced by the first measurement)
+constexpr size_t kCostWindow = 8;        // T(rows): the mean of its last 8 measurements, less the largest
+constexpr double kSlopeGuess = 0.25;     // a verify's extra row, until measured: +25% of a plain step
+                                         // (per sequence)
 constexpr double kShadowBudget = 0.01;   // watching (shadow drafts) costs at most 1% of plain decoding...
 constexpr uint64_t kLookMax = 32;        // ...but come at least every 32 plain steps while drafting could
-                                         // pay; also every 32nd verify measures a neighbour length
-constexpr uint64_t kForget = 512;        // a drafting length's cost not measured for 512 steps is
-                                         // estimated again (measured during a slow spell, it would
-                                         // keep a good length out for good)
+                                         // pay; also every 32nd drafting step measures a neighbour
+constexpr uint64_t kForget = 512;        // a cost not measured for 512 steps is estimated again
+                                         // (measured during a slow spell, it would keep a good
+                                         // length out for good)
 }  // namespace
 
 void DraftLengthPolicy::Cost::add(double us, uint64_t iteration) {
-    if (iteration - at > kForget) recent.clear();  // forgotten: old measurements do not come back
+    if (iteration - at > kForget) {  // forgotten: old measurements do not come back
+        recent.clear();
+        next = 0;
+    }
     at = iteration;
     if (!warmed) {  // a length's first decode allocates its graphs: not the steady state
         warmed = true;
@@ -43,25 +46,30 @@ double DraftLengthPolicy::Cost::mean() const {
     return (sum - *std::max_element(recent.begin(), recent.end())) / (double) (recent.size() - 1);
 }
 
-DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min)
+DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq)
     : n_max_(std::max(1, n_max)), n_min_(std::clamp(n_min, 1, std::max(1, n_max))),
-      tried_(n_max_, 0.0), accepted_(n_max_, 0.0), cost_(n_max_ + 1) {}
-
-bool DraftLengthPolicy::known(int32_t k) const {
-    const Cost & c = cost_[(size_t) k];
-    return !c.recent.empty() && (k == 0 || iteration_ - c.at <= kForget);
+      n_rows_(std::max(1, n_seq) * (n_max_ + 1)), seqs_((size_t) std::max(1, n_seq)), cost_((size_t) n_rows_ + 1) {
+    for (Seq & s : seqs_) {
+        s.tried.assign((size_t) n_max_, 0.0);
+        s.accepted.assign((size_t) n_max_, 0.0);
+    }
 }
 
-std::vector<double> DraftLengthPolicy::tokens() const {
+bool DraftLengthPolicy::known(int32_t rows) const {
+    const Cost & c = cost_[(size_t) rows];
+    return !c.recent.empty() && iteration_ - c.at <= kForget;
+}
+
+std::vector<double> DraftLengthPolicy::tokens(const Seq & s) const {
     // E(k) = 1 + sum_{j=1..k} prod_{i<j} q_i, where q_i is the chance that draft position i is
     // accepted when asked for and every position before it was (a position the drafter did not
     // produce counts as rejected). Each q_i has one pseudo-observation of prior: 0.5 for position 0,
     // the estimate of the position before for the others (acceptance tends to hold along a draft,
     // so positions rarely reached are not dragged to 0.5).
-    std::vector<double> e(n_max_ + 1, 1.0);
+    std::vector<double> e((size_t) n_max_ + 1, 1.0);
     double chain = 1.0, prior = 0.5;
-    for (int32_t i = 0; i < n_max_; ++i) {
-        const double q = (accepted_[i] + prior) / (tried_[i] + 1.0);
+    for (size_t i = 0; i < (size_t) n_max_; ++i) {
+        const double q = (s.accepted[i] + prior) / (s.tried[i] + 1.0);
         chain *= q;
         e[i + 1] = e[i] + chain;
         prior = q;
@@ -69,136 +77,197 @@ std::vector<double> DraftLengthPolicy::tokens() const {
     return e;
 }
 
-std::vector<double> DraftLengthPolicy::costs() const {
-    // A length's own measurements where they are recent (cost curves are bumpy: on the MTP fixture a
-    // batch of 8 is slower than 7 and 9); elsewhere linear between the nearest measured lengths; past
-    // the longest measured one (a plain step at least), a guess per extra token: the cheapest draft
-    // time per token seen plus kSlopeGuess of a plain step for its verified row. (Not the slope of
-    // the last two measured: cost curves are concave, on the hybrid MTP fixture a 1-token draft
-    // costs 3x a plain step and an 8-token one 3.4x, so that slope rules out every longer draft.)
-    std::vector<double> t(n_max_ + 1, 0.0);
-    if (!known(0)) return t;
+std::vector<double> DraftLengthPolicy::costs(int32_t n) const {
+    // A row count's own measurements where they are recent (cost curves are bumpy: on the MTP
+    // fixture a batch of 9 is slower than 8 and 10); elsewhere linear between the nearest measured
+    // row counts; past the largest measured one, a guess per extra row: kSlopeGuess of a plain step
+    // plus the cheapest draft time per token seen, both divided among the step's sequences (they
+    // draft in lockstep, so another sequence's draft token rarely adds a draft step; an optimistic
+    // guess is soon measured, a pessimistic one might never be). (Not the slope of the last
+    // two measured: cost curves are concave, on the hybrid MTP fixture a 1-token draft costs 3x a
+    // plain step and an 8-token one 6x, so that slope rules out every longer draft.) Row counts below
+    // every measured one are left at 0: a step of n sequences verifies n rows at least, and n is
+    // measured before anything is drafted.
+    std::vector<double> t((size_t) n_rows_ + 1, 0.0);
     std::vector<int32_t> measured;
-    for (int32_t k = 0; k <= n_max_; ++k) {
-        if (known(k)) {
-            measured.push_back(k);
-            t[k] = cost_[(size_t) k].mean();
+    for (int32_t r = 1; r <= n_rows_; ++r) {
+        if (known(r)) {
+            measured.push_back(r);
+            t[(size_t) r] = cost_[(size_t) r].mean();
         }
     }
-    const double t0 = t[0], draft = std::max(0.0, draft_token_us_);
-    for (int32_t k = 1; k <= n_max_; ++k) {
-        if (known(k)) continue;
-        const auto hi = std::upper_bound(measured.begin(), measured.end(), k);
-        const int32_t lo = *(hi - 1);  // measured[0] == 0 < k
-        t[k] = hi != measured.end() ? t[lo] + (t[*hi] - t[lo]) * (double) (k - lo) / (double) (*hi - lo)
-                                    : t[lo] + (kSlopeGuess * t0 + draft) * (double) (k - lo);
+    if (measured.empty()) return t;
+    const int32_t base = known(n) ? n : measured[0];
+    const double per_row = (kSlopeGuess * t[(size_t) base] + std::max(0.0, draft_token_us_)) / base;
+    for (int32_t r = measured[0] + 1; r <= n_rows_; ++r) {
+        if (known(r)) continue;
+        const auto hi = std::upper_bound(measured.begin(), measured.end(), r);
+        const int32_t lo = *(hi - 1);
+        t[(size_t) r] = hi != measured.end()
+                            ? t[(size_t) lo] + (t[(size_t) *hi] - t[(size_t) lo]) * (double) (r - lo) / (double) (*hi - lo)
+                            : t[(size_t) lo] + per_row * (double) (r - lo);
     }
     return t;
 }
 
-int32_t DraftLengthPolicy::best(const std::vector<double> & e, const std::vector<double> & t) const {
-    int32_t best_k = 0;
-    double best_rate = e[0] / t[0];
-    for (int32_t k = n_min_; k <= n_max_; ++k) {
-        const double rate = e[k] / t[k];
-        if (rate > best_rate) {  // ties go to the shorter draft
-            best_rate = rate;
-            best_k = k;
+void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int32_t> & lengths) {
+    const uint64_t it = iteration_++;
+    const size_t n = ids.size();
+    lengths.assign(n, 0);
+    for (int32_t id : ids) seqs_[(size_t) id].shadow = false;
+    if (n == 0) return;
+    // A sequence's first two steps are plain, each with a shadow draft (the first one also catches
+    // the drafter up on the prompt, so it is not timed), and nothing is drafted before a plain step
+    // of this many sequences was measured.
+    for (int32_t id : ids) {
+        Seq & s = seqs_[(size_t) id];
+        s.shadow = s.shadows < 2;
+    }
+    const int32_t n_plain = (int32_t) n;
+    if (!known(n_plain)) return;
+
+    // The most tokens per second for the step: for every total of draft tokens, the best split
+    // among the sequences gives each next token to the sequence whose next position adds the most
+    // expected tokens (E_s grows by less with every position, so this is exact up to n_min); the
+    // total with the best (sum of E_s) / T(rows) wins.
+    const std::vector<double> t = costs(n_plain);
+    std::vector<std::vector<double>> e(n);
+    for (size_t i = 0; i < n; ++i) e[i] = tokens(seqs_[(size_t) ids[i]]);
+    std::vector<int32_t> k(n, 0);
+    std::vector<std::pair<size_t, int32_t>> picks;  // (sequence, rows added), in order
+    double expected = (double) n;
+    int32_t rows = n_plain;
+    double best_rate = expected / t[(size_t) rows];
+    size_t best_n = 0;
+    for (;;) {
+        size_t pick = n;
+        double pick_gain = 0;
+        int32_t pick_rows = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (seqs_[(size_t) ids[i]].shadows < 2) continue;  // still looking
+            const int32_t step = k[i] == 0 ? n_min_ : 1;
+            if (k[i] + step > n_max_) continue;
+            const double gain = (e[i][(size_t) (k[i] + step)] - e[i][(size_t) k[i]]) / step;
+            if (pick == n || gain > pick_gain) {
+                pick = i;
+                pick_gain = gain;
+                pick_rows = step;
+            }
+        }
+        if (pick == n || rows + pick_rows > n_rows_) break;
+        k[pick] += pick_rows;
+        rows += pick_rows;
+        expected += pick_gain * pick_rows;
+        picks.emplace_back(pick, pick_rows);
+        if (expected / t[(size_t) rows] > best_rate) {  // ties go to fewer drafts
+            best_rate = expected / t[(size_t) rows];
+            best_n = picks.size();
         }
     }
-    return best_k;
+    if (best_n > 0 && ++drafting_steps_ % kLookMax == 0) {
+        // every kLookMax-th drafting step measures a neighbour instead, one draft token more and one
+        // less in turn: between measured row counts costs are interpolated, and a bumpy cost curve
+        // (or a slow spell of one row count) can hide a cheaper one there
+        const size_t more = best_n + 1, less = best_n - 1;
+        const bool up = (drafting_steps_ / kLookMax) % 2 == 0;
+        if (up && more <= picks.size()) best_n = more;
+        else if (less >= 1) best_n = less;
+        else if (more <= picks.size()) best_n = more;
+    }
+    for (size_t p = 0; p < best_n; ++p) lengths[picks[p].first] += picks[p].second;
+
+    // Plain sequences learn acceptance from shadow drafts only. They matter only if a draft would pay
+    // were everything accepted: a draft model as slow as its target never would, and then it is not
+    // even kept up to date with the text. A shadow draft after G plain steps costs about d + c * G:
+    // d, the draft itself (the cheapest draft time per token seen), and c per row the drafter must
+    // catch up on (an MTP head's or a draft model's decode of the text since its last draft).
+    // Watching costs (d + c * G) / G per plain step; the gap is the shortest that keeps it within
+    // kShadowBudget of a plain step, and no gap can when c alone exceeds it: then the drafter is left
+    // idle for that sequence.
+    bool full_pays = false;
+    for (int32_t j = n_min_; j <= n_max_ && n_plain + j <= n_rows_; ++j) {
+        full_pays = full_pays || (double) (n_plain + j) / t[(size_t) (n_plain + j)] > best_rate;
+    }
+    const double budget = kShadowBudget * t[(size_t) n_plain] / n_plain;
+    const double row = catch_up_row_.recent.empty() ? 0.0 : catch_up_row_.mean();
+    for (size_t i = 0; i < n; ++i) {
+        Seq & s = seqs_[(size_t) ids[i]];
+        if (lengths[i] > 0 || s.shadow) continue;
+        if (!full_pays || row >= budget || it < s.next_shadow) continue;
+        s.shadow = true;
+        const double gap = std::ceil(std::max(0.0, draft_token_us_) / (budget - row));
+        s.next_shadow = it + (uint64_t) std::clamp(gap, 1.0, (double) kLookMax);
+    }
+}
+
+bool DraftLengthPolicy::shadow(int32_t seq) const {
+    return seqs_[(size_t) seq].shadow;
 }
 
 int32_t DraftLengthPolicy::choose() {
-    const uint64_t it = iteration_++;
-    shadow_ = false;
-    if (!known(0) || shadows_ < 2) {
-        // the first steps are plain, each with a shadow draft, until a plain step and a shadow draft
-        // were measured (past the warm-up of each: the first shadow draft also catches the drafter
-        // up on the prompt)
-        shadow_ = true;
-        return 0;
-    }
-    const std::vector<double> t = costs();
-    const int32_t k = best(tokens(), t);
-    if (k > 0) {
-        // every kLookMax-th verify measures a neighbour of the best length instead, k + 1 and k - 1
-        // in turn: between measured lengths costs are interpolated, and a bumpy cost curve (or a
-        // slow spell of one length) can hide a cheaper length there
-        if (++verifies_ % kLookMax != 0) return k;
-        const int32_t step = (verifies_ / kLookMax) % 2 == 0 ? 1 : -1;
-        const int32_t n = k + step >= n_min_ && k + step <= n_max_ ? k + step : k - step;
-        return n >= n_min_ && n <= n_max_ ? n : k;
-    }
-    // Plain. Acceptance can only be learnt from shadow drafts now; they matter only if some length
-    // would pay were every draft accepted. A draft model as slow as its target never would: then no
-    // shadow draft is made, and the draft model is not even kept up to date with the text.
-    std::vector<double> full(n_max_ + 1);
-    std::iota(full.begin(), full.end(), 1.0);
-    if (best(full, t) == 0) return 0;
-    if (it < next_shadow_) return 0;
-    // A shadow draft after G plain steps costs about d + c * G: d, the draft itself (the cheapest
-    // draft time per token seen), and c per row the drafter must catch up on (an MTP head's or a draft
-    // model's decode of the text since the last draft). Watching costs (d + c * G) / G per plain step;
-    // the gap is the shortest that keeps it within kShadowBudget of a plain step, and no gap can when
-    // c alone exceeds it: then the drafter is left idle (a draft model nearly as slow as its target).
-    const double budget = kShadowBudget * t[0];
-    const double row = catch_up_row_.recent.empty() ? 0.0 : catch_up_row_.mean();
-    if (row >= budget) return 0;
-    shadow_ = true;
-    const double gap = std::ceil(std::max(0.0, draft_token_us_) / (budget - row));
-    next_shadow_ = it + (uint64_t) std::clamp(gap, 1.0, (double) kLookMax);
-    return 0;
+    std::vector<int32_t> lengths;
+    choose({0}, lengths);
+    return lengths[0];
 }
 
-void DraftLengthPolicy::fade() {
-    for (double & x : tried_) x *= kDecay;
-    for (double & x : accepted_) x *= kDecay;
+void DraftLengthPolicy::fade(Seq & s) const {
+    for (double & x : s.tried) x *= kDecay;
+    for (double & x : s.accepted) x *= kDecay;
 }
 
 void DraftLengthPolicy::note_draft_time(double per_token_us) {
     draft_token_us_ = draft_token_us_ < 0 ? per_token_us : std::min(draft_token_us_, per_token_us);
 }
 
-void DraftLengthPolicy::observe_shadow(bool drafted, bool accepted, double draft_us) {
+void DraftLengthPolicy::observe_shadow(int32_t seq, bool drafted, bool accepted, double draft_us) {
     // the evidence of a one-position draft that was verified, without the verify
-    fade();
-    tried_[0] += 1.0;
-    accepted_[0] += drafted && accepted ? 1.0 : 0.0;
-    if (drafted && shadows_ > 0) {  // the first one also caught the drafter up on the prompt
+    Seq & s = seqs_[(size_t) seq];
+    fade(s);
+    s.tried[0] += 1.0;
+    s.accepted[0] += drafted && accepted ? 1.0 : 0.0;
+    if (drafted && s.shadows > 0) {  // the first one also caught the drafter up on the prompt
         note_draft_time(draft_us);
-        const uint64_t gap = iteration_ - previous_shadow_;  // plain steps since the last shadow draft
+        const uint64_t gap = iteration_ - s.previous_shadow;  // steps since its last shadow draft
         if (gap > 1) catch_up_row_.add(std::max(0.0, draft_us - draft_token_us_) / (double) (gap - 1), iteration_);
     }
-    ++shadows_;
-    previous_shadow_ = iteration_;
+    ++s.shadows;
+    s.previous_shadow = iteration_;
+}
+
+void DraftLengthPolicy::observe_draft(int32_t seq, int32_t n_requested, int32_t n_drafted, int32_t n_accepted) {
+    n_requested = std::clamp(n_requested, 0, n_max_);
+    n_drafted = std::clamp(n_drafted, 0, n_requested);
+    n_accepted = std::clamp(n_accepted, 0, n_drafted);
+    if (n_requested == 0) return;  // plain steps observe no acceptance (their shadow drafts do)
+    // all positions fade, also those this verify did not reach: a position no longer observed
+    // drifts back toward its prior instead of keeping a stale estimate
+    Seq & s = seqs_[(size_t) seq];
+    fade(s);
+    for (int32_t i = 0; i < n_requested && i <= n_accepted; ++i) {  // asked, and all before accepted
+        s.tried[(size_t) i] += 1.0;
+        s.accepted[(size_t) i] += i < n_accepted ? 1.0 : 0.0;
+    }
+}
+
+void DraftLengthPolicy::observe_step(int32_t rows, int32_t n_drafted_max, double draft_us, double rest_us) {
+    Cost & c = cost_[(size_t) std::clamp(rows, 1, n_rows_)];
+    if (n_drafted_max > 0 && c.warmed) note_draft_time(draft_us / n_drafted_max);
+    c.add(draft_us + rest_us, iteration_);
 }
 
 void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t n_accepted, double draft_us,
                                 double rest_us) {
     n_requested = std::clamp(n_requested, 0, n_max_);
-    n_drafted = std::clamp(n_drafted, 0, n_requested);
-    n_accepted = std::clamp(n_accepted, 0, n_drafted);
-    if (n_requested > 0) {
-        // all positions fade, also those this verify did not reach: a position no longer observed
-        // drifts back toward its prior instead of keeping a stale estimate. Plain steps observe no
-        // acceptance (their shadow drafts, reported apart, do).
-        fade();
-        for (int32_t i = 0; i < n_requested && i <= n_accepted; ++i) {  // asked, and all before accepted
-            tried_[i] += 1.0;
-            accepted_[i] += i < n_accepted ? 1.0 : 0.0;
-        }
-        if (n_drafted > 0 && cost_[(size_t) n_requested].warmed) note_draft_time(draft_us / n_drafted);
-    }
-    cost_[(size_t) n_requested].add(draft_us + rest_us, iteration_);
+    observe_draft(0, n_requested, n_drafted, n_accepted);
+    observe_step(1 + n_requested, n_requested > 0 ? std::clamp(n_drafted, 0, n_requested) : 0, draft_us, rest_us);
 }
 
-double DraftLengthPolicy::expected_tokens(int32_t k) const {
-    return tokens()[(size_t) std::clamp(k, 0, n_max_)];
+double DraftLengthPolicy::expected_tokens(int32_t k, int32_t seq) const {
+    return tokens(seqs_[(size_t) std::clamp(seq, 0, (int32_t) seqs_.size() - 1)])[(size_t) std::clamp(k, 0, n_max_)];
 }
 
-double DraftLengthPolicy::expected_us(int32_t k) const {
-    return costs()[(size_t) std::clamp(k, 0, n_max_)];
+double DraftLengthPolicy::expected_step_us(int32_t rows) const {
+    return costs(1)[(size_t) std::clamp(rows, 0, n_rows_)];
 }
 
 }  // namespace llamaspec

@@ -1,8 +1,10 @@
-// The adaptive draft length (n_draft="auto"): before every verify, the draft length k with the most
-// expected tokens per second, E(k) / T(k), where E(k) comes from the acceptance seen per draft
-// position and T(k) from the time verifies of that length took on this machine; 0 (a plain step)
-// when no length beats plain decoding. Plain steps carry a cheap unverified "shadow" draft from time
-// to time, so a change of text is noticed. Design, constants and evidence: ADR 0009.
+// The adaptive draft length (n_draft="auto"): before every step, the draft length of each sequence in
+// it, so that the step yields the most expected tokens per second: sum over its sequences of E_s(k_s)
+// over T(rows), where E_s comes from the acceptance seen per draft position on that sequence's text
+// and T from the time steps verifying that many rows took on this machine (a verify's cost depends
+// on how many sequences share it). A length 0 is a plain step for that sequence, which may carry a
+// cheap unverified "shadow" draft so that a change of its text is noticed. Design, constants and
+// evidence: ADR 0009.
 #pragma once
 
 #include <cstddef>
@@ -13,36 +15,46 @@ namespace llamaspec {
 
 class DraftLengthPolicy {
 public:
-    // n_max: the largest length it may choose (sizes everything); n_min: shorter non-zero drafts are
-    // dropped by the drafter anyway, so the choice is 0 or within [max(1, n_min), n_max].
-    DraftLengthPolicy(int32_t n_max, int32_t n_min);
+    // n_max: the longest draft it may choose (sizes everything); n_min: shorter non-zero drafts are
+    // dropped by the drafter anyway, so each length is 0 or within [max(1, n_min), n_max]; n_seq:
+    // the session's sequences (ids 0 .. n_seq-1).
+    DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq = 1);
 
-    // The draft length for the next verify; 0 is a plain step.
-    int32_t choose();
-
-    // Whether the plain step just chosen should carry a shadow draft: the drafter proposes
-    // shadow_length() tokens that are not verified; the caller compares the first with the token the
-    // plain step produces and reports it with observe_shadow(): the acceptance of draft position 0,
+    // The lengths for one step: lengths[i] for seqs[i] (each id once), 0 being a plain step; then
+    // shadow(seq) tells whether a sequence's plain step carries a shadow draft: the drafter
+    // proposes shadow_length() tokens that are not verified, and the caller compares the first with
+    // the token the plain step produces (observe_shadow): the acceptance of draft position 0,
     // measured without paying for a verify.
-    bool shadow() const { return shadow_; }
+    void choose(const std::vector<int32_t> & seqs, std::vector<int32_t> & lengths);
+    bool shadow(int32_t seq) const;
     int32_t shadow_length() const { return n_min_; }
 
-    // What a shadow draft did: whether the drafter produced a token, whether it equals the token the
-    // plain step sampled, and the time the drafter took, in microseconds.
-    void observe_shadow(bool drafted, bool accepted, double draft_us);
+    // What the step did, per sequence: a shadow draft (whether the drafter produced a token, whether
+    // it equals the token the plain step sampled, the drafter's time in microseconds), or a verify
+    // (the length asked for, the drafts produced, how many the target accepted)...
+    void observe_shadow(int32_t seq, bool drafted, bool accepted, double draft_us);
+    void observe_draft(int32_t seq, int32_t n_requested, int32_t n_drafted, int32_t n_accepted);
+    // ...and as a whole: the rows it verified (each sequence's token plus the drafts asked for), the
+    // longest draft produced, the time spent drafting (0 when only shadow drafts were made: their
+    // time is reported apart) and in the rest of the step (verify, bookkeeping, sampling, emission).
+    void observe_step(int32_t rows, int32_t n_drafted_max, double draft_us, double rest_us);
 
-    // What a step did: the length asked for (0: a plain step), the drafts the drafter produced, how
-    // many the target accepted, and the time spent drafting and in the rest of the iteration (verify,
-    // drafter bookkeeping, sampling, emission), in microseconds.
+    // One sequence (id 0) alone: the length of its next verify, whether that plain step carries a
+    // shadow draft, and what it did and cost (observe_draft and observe_step together).
+    int32_t choose();
+    bool shadow() const { return shadow(0); }
+    void observe_shadow(bool drafted, bool accepted, double draft_us) { observe_shadow(0, drafted, accepted, draft_us); }
     void observe(int32_t n_requested, int32_t n_drafted, int32_t n_accepted, double draft_us, double rest_us);
 
-    // The model's current view, for tests and the ADR: E(k), expected tokens per verify of length k,
-    // and T(k), expected microseconds per verify of length k (0: a plain step; 0 when not yet known).
-    double expected_tokens(int32_t k) const;
-    double expected_us(int32_t k) const;
+    // The model's current view, for tests and the ADR: E_s(k), expected tokens of a verify of length
+    // k on sequence seq, and T(rows), expected microseconds of a step verifying that many rows (0 when
+    // not yet known); expected_us(k) is T(k + 1), one sequence's verify of length k.
+    double expected_tokens(int32_t k, int32_t seq = 0) const;
+    double expected_step_us(int32_t rows) const;
+    double expected_us(int32_t k) const { return expected_step_us(k + 1); }
 
 private:
-    // The recent measurements of one cost (a verify length, or shadow drafts).
+    // The recent measurements of one cost (a step of so many rows, or a catch-up row).
     struct Cost {
         std::vector<double> recent;  // the last kCostWindow measurements, a ring
         size_t next = 0;
@@ -51,25 +63,28 @@ private:
         void add(double us, uint64_t iteration);
         double mean() const;         // their mean without the largest (one preempted verify)
     };
+    // What the policy knows of one sequence's text.
+    struct Seq {
+        std::vector<double> tried, accepted;  // per draft position, decayed counts
+        uint64_t next_shadow = 0;             // the first step that may carry its next shadow draft
+        uint64_t previous_shadow = 0;         // the step of its last shadow draft observed
+        uint32_t shadows = 0;                 // shadow drafts observed
+        bool shadow = false;                  // its step just chosen carries a shadow draft
+    };
 
-    bool known(int32_t k) const;            // T(k) was measured, recently enough (plain: ever)
-    std::vector<double> tokens() const;     // E(k), k = 0..n_max
-    std::vector<double> costs() const;      // T(k), k = 0..n_max: measured, else estimated
-    int32_t best(const std::vector<double> & e, const std::vector<double> & t) const;
-    void fade();                            // one more drafting observation: older evidence counts less
+    bool known(int32_t rows) const;         // T(rows) was measured recently enough
+    std::vector<double> tokens(const Seq & s) const;  // E_s(k), k = 0..n_max
+    std::vector<double> costs(int32_t n) const;  // T(rows), rows = 0..n_seq*(n_max+1), for n sequences
+    void fade(Seq & s) const;               // one more drafting observation: older evidence counts less
     void note_draft_time(double per_token_us);  // a drafted token's time, past its warm-up
 
-    int32_t n_max_, n_min_;
-    std::vector<double> tried_, accepted_;  // per draft position, decayed counts
-    std::vector<Cost> cost_;                // T(k) by length asked for, k = 0..n_max
+    int32_t n_max_, n_min_, n_rows_;        // n_rows_: the most rows a step verifies
+    std::vector<Seq> seqs_;
+    std::vector<Cost> cost_;                // T(rows), by rows verified
     Cost catch_up_row_;                     // a shadow draft's extra time per plain step since the last one
-    uint32_t shadows_ = 0;                  // shadow drafts observed
     double draft_token_us_ = -1;            // the cheapest draft time per drafted token seen (-1: none)
-    uint64_t iteration_ = 0;
-    uint64_t verifies_ = 0;                 // drafting steps chosen
-    uint64_t next_shadow_ = 0;
-    uint64_t previous_shadow_ = 0;          // the iteration of the last shadow draft observed
-    bool shadow_ = false;                   // the step just chosen carries a shadow draft
+    uint64_t iteration_ = 0;                // steps chosen
+    uint64_t drafting_steps_ = 0;           // steps chosen with a draft
 };
 
 }  // namespace llamaspec

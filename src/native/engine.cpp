@@ -530,11 +530,21 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     const int32_t n_draft = core.config.n_draft;
     const int32_t n_ctx = (int32_t) core.tgt->n_ctx();
     const size_t n_stages = core.stage_types.size();
-    DraftLengthPolicy * policy = core.policy.get();  // n_seq == 1 only
+    DraftLengthPolicy * policy = core.policy.get();
 
     // draft for every sequence in one call: never more than the tokens still wanted after the one
     // the verify yields anyway
     Clock::time_point t0 = Clock::now();
+    // n_draft="auto": the policy chooses every sequence's length for this step at once (a verify's
+    // cost depends on how many rows share it); the first pass of a call (below) is not its choice
+    if (policy) {
+        policy_seqs_.clear();
+        for (SeqState * s : ready) {
+            if (s->generating) policy_seqs_.push_back(s->c().seq);
+        }
+        policy->choose(policy_seqs_, policy_lengths_);
+    }
+    size_t i_policy = 0;
     bool any_draft = false;
     for (SeqState * s : ready) {
         CallState & c = s->c();
@@ -543,13 +553,13 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
         // comes out after the prompt alone, as in plain decoding, and the drafter's catch-up on the
         // prompt waits for the second pass
         const bool first = !s->generating;
-        int32_t wanted = first ? 0 : policy ? policy->choose() : n_draft;
+        int32_t wanted = first ? 0 : policy ? policy_lengths_[i_policy++] : n_draft;
         if (c.req.draft_max >= 0) wanted = std::min(wanted, c.req.draft_max);  // the call's own cap
         const int32_t room = std::min(remaining - 1, n_ctx - (int32_t) s->n_past - 2);
         s->n_max = std::max(0, std::min(wanted, room));
         // a shadow draft (n_draft="auto", plain step): drafted, compared with what the plain step
         // samples, never verified
-        s->shadow = policy && !first && c.req.draft_max != 0 && s->n_max == 0 && policy->shadow() &&
+        s->shadow = policy && !first && c.req.draft_max != 0 && s->n_max == 0 && policy->shadow(c.seq) &&
                     policy->shadow_length() <= std::min(room, c.req.draft_max < 0 ? room : c.req.draft_max);
         const int32_t n_ask = s->shadow ? policy->shadow_length() : s->n_max;
         ++s->delta.draft_length_histogram[(size_t) s->n_max];
@@ -607,6 +617,15 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             s->delta.draft_us += draft_us;
             for (size_t i = 0; i < n_stages; ++i) s->delta.stages[i].draft_us += stage_time.stages[i].draft_us;
         }
+    }
+
+    // what the policy is told of the step as a whole: the rows asked for, the longest draft made,
+    // and how many sequences shared the drafter's time for their shadow drafts
+    int32_t rows_asked = 0, n_drafted_max = 0, n_shadows = 0;
+    for (SeqState * s : ready) {
+        rows_asked += 1 + s->n_max;
+        n_drafted_max = std::max(n_drafted_max, s->n_max > 0 ? (int32_t) s->draft.size() : 0);
+        n_shadows += s->shadow ? 1 : 0;
     }
 
     // verify every sequence's [id_last, draft...] in one target pass, all rows with logits
@@ -700,16 +719,17 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             // rollback ends the call before anything is sampled from a wrong cache
             if (spec) seq_rm(seq, s->n_past);
             if (policy) {
-                if (s->shadow) policy->observe_shadow(!s->shadow_draft.empty(), shadow_hit, draft_us);
-                // a shadow step's cost is a plain step's: its drafting time is reported apart, above
-                policy->observe(s->n_max, (int32_t) s->draft.size(), (int32_t) n_acc, s->shadow ? 0.0 : draft_us,
-                                us_since(t_rest));
+                if (s->shadow) policy->observe_shadow(seq, !s->shadow_draft.empty(), shadow_hit, draft_us / n_shadows);
+                policy->observe_draft(seq, s->n_max, (int32_t) s->draft.size(), (int32_t) n_acc);
             }
         } catch (...) {  // one call's failure (a grammar that cannot go on, a failed rollback, ...) ends that call only
             fail(*s, current_error());
         }
     }
     shared_.sample_us += sample_us;
+    // the step's cost, by the rows it verified (a step with only shadow drafts is timed as a plain
+    // one: their drafting time is reported apart, above)
+    if (policy) policy->observe_step(rows_asked, n_drafted_max, n_drafted_max > 0 ? draft_us : 0.0, us_since(t_rest));
     // publish; never waits for a reader
     for (SeqState * s : ready) {
         if (!s->retired) core.stats->fold(s->c().seq, s->delta, shared_, false);

@@ -148,6 +148,7 @@ private:
 
     // engine thread only
     std::unique_ptr<common_batch> verify_batch_;  // reused by every pass
+    std::vector<int32_t> policy_seqs_, policy_lengths_;  // n_draft="auto": the step's sequences, their lengths
     SpecCounters shared_;                 // times of the passes (each once), for the totals
     SpecCounters stage_time_;             // this iteration's draft time per stage
     std::vector<int64_t> stage_t_draft_;  // upstream's per-stage draft time, last reading

@@ -316,10 +316,6 @@ std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_con
     if (!config.ngram_cache_static.empty()) check_ngram_cache_file(config.ngram_cache_static, *model, "static");
     if (!config.ngram_cache_dynamic.empty()) check_ngram_cache_file(config.ngram_cache_dynamic, *model, "dynamic");
 
-    if (n_seq > 1 && config.adaptive) {
-        throw Error(ErrorKind::InvalidOption,
-                    "n_draft='auto' needs n_seq=1: its costs are measured per verify of one sequence (see ADR 0012)");
-    }
     const llama_context_params tp = target_params(params, n_seq, n_draft);
 
     auto core = std::make_shared<Core>();
@@ -409,7 +405,7 @@ std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_con
         core->stage_names.push_back(common_speculative_type_to_str(st.type));
     }
     core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size(), (size_t) n_seq);
-    if (config.adaptive) core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min);
+    if (config.adaptive) core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min, n_seq);
     return from_core(std::move(core));
 }
 
@@ -589,17 +585,36 @@ void register_session(nb::module_ & m) {
 
     nb::class_<DraftLengthPolicy>(m, "DraftLengthPolicy",
                                   "The adaptive draft-length policy (n_draft='auto'), exposed for tests.")
-        .def(nb::init<int32_t, int32_t>(), nb::arg("n_max"), nb::arg("n_min") = 0)
-        .def("choose", &DraftLengthPolicy::choose, "The draft length for the next verify.")
+        .def(nb::init<int32_t, int32_t, int32_t>(), nb::arg("n_max"), nb::arg("n_min") = 0, nb::arg("n_seq") = 1)
+        .def("choose", nb::overload_cast<>(&DraftLengthPolicy::choose),
+             "Sequence 0 alone: the draft length for its next verify.")
         .def("observe", &DraftLengthPolicy::observe, nb::arg("n_requested"), nb::arg("n_drafted"),
-             nb::arg("n_accepted"), nb::arg("draft_us"), nb::arg("rest_us"), "What that verify did and cost.")
-        .def_prop_ro("shadow", &DraftLengthPolicy::shadow,
-                     "Whether the plain step just chosen carries a shadow draft (drafted, not verified).")
+             nb::arg("n_accepted"), nb::arg("draft_us"), nb::arg("rest_us"), "Sequence 0 alone: what that verify did and cost.")
+        .def_prop_ro("shadow", nb::overload_cast<>(&DraftLengthPolicy::shadow, nb::const_),
+                     "Sequence 0 alone: whether the plain step just chosen carries a shadow draft (drafted, not verified).")
         .def_prop_ro("shadow_length", &DraftLengthPolicy::shadow_length, "The length of a shadow draft.")
-        .def("observe_shadow", &DraftLengthPolicy::observe_shadow, nb::arg("drafted"), nb::arg("accepted"),
-             nb::arg("draft_us"), "What a shadow draft did: produced a token, matched the plain step's, its cost.")
-        .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"))
-        .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"));
+        .def("observe_shadow", nb::overload_cast<bool, bool, double>(&DraftLengthPolicy::observe_shadow),
+             nb::arg("drafted"), nb::arg("accepted"), nb::arg("draft_us"),
+             "Sequence 0 alone: what a shadow draft did: produced a token, matched the plain step's, its cost.")
+        .def("choose_step",
+             [](DraftLengthPolicy & p, const std::vector<int32_t> & seqs) {
+                 std::vector<int32_t> lengths;
+                 p.choose(seqs, lengths);
+                 return lengths;
+             },
+             nb::arg("seqs"), "The draft length of each of these sequences for one step (0: plain).")
+        .def("shadow_of", nb::overload_cast<int32_t>(&DraftLengthPolicy::shadow, nb::const_), nb::arg("seq"),
+             "Whether that sequence's plain step just chosen carries a shadow draft.")
+        .def("observe_shadow_of", nb::overload_cast<int32_t, bool, bool, double>(&DraftLengthPolicy::observe_shadow),
+             nb::arg("seq"), nb::arg("drafted"), nb::arg("accepted"), nb::arg("draft_us"),
+             "What a sequence's shadow draft did.")
+        .def("observe_draft", &DraftLengthPolicy::observe_draft, nb::arg("seq"), nb::arg("n_requested"),
+             nb::arg("n_drafted"), nb::arg("n_accepted"), "What a sequence's verify did.")
+        .def("observe_step", &DraftLengthPolicy::observe_step, nb::arg("rows"), nb::arg("n_drafted_max"),
+             nb::arg("draft_us"), nb::arg("rest_us"), "What the whole step verified and cost.")
+        .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"), nb::arg("seq") = 0)
+        .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"))
+        .def("expected_step_us", &DraftLengthPolicy::expected_step_us, nb::arg("rows"));
 
     m.def("sampling_option_names", &sampling_option_names, "The sampling options the native core reads.");
     m.def("context_option_names", &context_option_names, "The context options the native core reads.");

@@ -283,11 +283,6 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         p.error(f"-c/--ctx-size must be >= 0, got {a.n_ctx}")
     if a.queue < 0:
         p.error(f"--queue must be >= 0, got {a.queue}")
-    if a.n_draft == "auto" and a.n_seq > 1:
-        p.error(
-            "--n-draft auto needs -np 1: the adaptive draft length does not yet choose for several "
-            "sequences (a later release lifts this)"
-        )
     seed = a.seed
     sampling = {k: getattr(a, k) for k in _SAMPLING_FLAGS if getattr(a, k) is not None}
     if seed is not None and seed < 0:
