@@ -6,8 +6,8 @@ Cases:
   ngram  SmolLM2-135M Q4_1 (the test model) with ngram-mod (n_match 8) on prompts that ask to copy a
          list (drafting costs ~nothing: what batching does to the verify alone)
 
-For each case, thread count and n_seq: the same N prompts (N = the largest n_seq) are generated
-greedily, --tokens each, by
+For each case, thread count, n_draft (--n-draft: lengths and/or "auto") and n_seq: the same N prompts
+(N = the largest n_seq) are generated greedily, --tokens each, by
   plain       llamaspec.Generator, one prompt after the other (no batched plain decoding exists in
               llamaspec; it is the single-sequence baseline)
   spec n_seq  llamaspec.Speculative(n_seq=k).generate_batch(prompts): k calls at a time, one draft
@@ -17,7 +17,8 @@ median of the calls' own rates ((tokens - 1) / first-to-last-token time). Every 
 measured once per run, alternating, --runs runs; medians. Acceptance and passes per verify from
 Speculative.stats().
 
-Usage: python bench/multi_seq.py [--runs 3] [--threads 1 2] [--tokens 128] [--n-seq 1 2 4] [--cases mtp ngram]
+Usage: python bench/multi_seq.py [--runs 3] [--threads 1 2] [--tokens 128] [--n-seq 1 2 4] [--n-draft 3 auto]
+       [--cases mtp ngram]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mtp_speed import med  # noqa: E402
+from plain_decode import smollm2  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,10 +60,7 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any], list
             prompts = [vm.detokenize((info.cycle * 2)[i:i + 8]) for i in (0, n // 4, n // 2, 3 * n // 4)]
         out.append(("mtp", info.path, {"method": "mtp"}, prompts))
     if "ngram" in args.cases:
-        sys.path.insert(0, str(ROOT))
-        from tests.conftest import smollm2_path
-
-        out.append(("ngram", str(smollm2_path()), {"method": "ngram-mod", "ngram_options": {"n_match": 8}}, PROMPTS))
+        out.append(("ngram", smollm2(), {"method": "ngram-mod", "ngram_options": {"n_match": 8}}, PROMPTS))
     return out
 
 
@@ -106,7 +105,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--n-seq", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--n-draft", type=int, default=3)
+    ap.add_argument("--n-draft", nargs="+", default=["3"], help="fixed lengths and/or auto")
     ap.add_argument("--cases", nargs="+", default=["mtp", "ngram"])
     ap.add_argument("--fixtures", type=Path, default=ROOT / "build" / "fixtures")
     ap.add_argument("--no-save", action="store_true")
@@ -118,16 +117,17 @@ def main() -> None:
         model = llamaspec.Model(path)
         for threads in args.threads:
             plain = llamaspec.Generator(model, n_ctx=1024, n_threads=threads)
-            specs = {k: llamaspec.Speculative(model, n_draft=args.n_draft, n_seq=k, n_ctx=1024, n_threads=threads, **kw)
-                     for k in args.n_seq}
+            specs = {f"n_draft {nd}, n_seq {k}": llamaspec.Speculative(
+                         model, n_draft="auto" if nd == "auto" else int(nd), n_seq=k, n_ctx=1024, n_threads=threads, **kw)
+                     for nd in args.n_draft for k in args.n_seq}
             want = [plain.generate(p, args.tokens, temperature=0) for p in prompts]
             for k, s in specs.items():  # warm-up, and a check that batching is lossless here
                 got = s.generate_batch(prompts, args.tokens, temperature=0)
                 if got != want:
-                    print(f"  note: {name} n_seq={k}: {sum(a != b for a, b in zip(got, want))} text(s) differ from plain "
+                    print(f"  note: {name} {k}: {sum(a != b for a, b in zip(got, want))} text(s) differ from plain "
                           "(near-ties on the real model; the tests check this)", flush=True)
                 s.reset_stats()
-            agg: dict[str, list[float]] = {"plain": [], **{f"n_seq {k}": [] for k in specs}}
+            agg: dict[str, list[float]] = {"plain": [], **{k: [] for k in specs}}
             per: dict[str, list[float]] = {key: [] for key in agg}
             for _ in range(args.runs):
                 a, r = plain_set(plain, prompts, args.tokens)
@@ -135,12 +135,12 @@ def main() -> None:
                 per["plain"].extend(r)
                 for k, s in specs.items():
                     a, r = spec_set(s, prompts, args.tokens)
-                    agg[f"n_seq {k}"].append(a)
-                    per[f"n_seq {k}"].extend(r)
+                    agg[k].append(a)
+                    per[k].extend(r)
             for k, s in specs.items():
                 st = s.stats()
-                rows.append(dict(case=name, threads=threads, config=f"n_seq {k}", agg=med(agg[f"n_seq {k}"]),
-                                 per=statistics.median(per[f"n_seq {k}"]), plain=med(agg["plain"]),
+                rows.append(dict(case=name, threads=threads, config=k, agg=med(agg[k]),
+                                 per=statistics.median(per[k]), plain=med(agg["plain"]),
                                  plain_per=statistics.median(per["plain"]), acc=st.acceptance_rate,
                                  seqs_per_pass=st.iterations / st.passes if st.passes else 0.0))
                 s.close()
@@ -152,7 +152,7 @@ def main() -> None:
         model.close()
 
     lines = [
-        f"greedy, {args.tokens} tokens per prompt, {max(args.n_seq)} prompts per set, n_draft {args.n_draft}, medians of "
+        f"greedy, {args.tokens} tokens per prompt, {max(args.n_seq)} prompts per set, medians of "
         f"{args.runs} runs (configurations alternate within each run). plain = llamaspec.Generator, the prompts one after "
         "the other; n_seq k = Speculative(n_seq=k).generate_batch-style: k calls at a time sharing each pass. "
         "mtp: qwen35 speed fixture (16 layers, n_embd 512) with its MTP head; ngram: SmolLM2-135M Q4_1, ngram-mod, copy-a-list prompts.",

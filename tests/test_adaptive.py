@@ -293,7 +293,7 @@ def test_auto_is_lossless_and_records_its_lengths(fx_mtp_levels: dict[str, Fixtu
     info = fx_mtp_levels[level]
     with llamaspec.Model(info.path) as m, llamaspec.Generator(m, n_ctx=1024, n_threads=1) as plain, \
             MTP(m, n_draft="auto", n_draft_max=6, n_ctx=1024, n_threads=1) as auto:
-        assert auto.adaptive and auto.n_draft == 6 and "auto" in repr(auto)
+        assert auto.adaptive and auto.n_draft == "auto" and auto.n_draft_max == 6 and "auto" in repr(auto)
         for prompt, n in (("hello", 300), (m.detokenize(info.cycle[3:9]), 120), ("x", 1), ("y", 2)):
             want = token_ids(plain.stream_events(prompt, n, temperature=0))
             got = token_ids(auto.stream_events(prompt, n, temperature=0))
@@ -362,7 +362,7 @@ def test_auto_options_are_checked(fx: llamaspec.Model) -> None:
     with pytest.raises(InvalidOptionError, match="n_draft"):
         MTP(fx, n_draft="fast")  # type: ignore[arg-type]
     with MTP(fx, n_draft="auto", n_ctx=256, n_threads=1) as auto:
-        assert auto.n_draft == 8  # the default maximum
+        assert auto.n_draft == "auto" and auto.n_draft_max == 8  # the default maximum
 
 
 @pytest.mark.fixture

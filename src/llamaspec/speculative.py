@@ -199,8 +199,14 @@ class Speculative(_StreamingSession):
         self._methods = tuple(native.methods)
 
     @property
-    def n_draft(self) -> int:
-        """Maximum draft tokens per verify (with ``n_draft="auto"``: n_draft_max)."""
+    def n_draft(self) -> int | Literal["auto"]:
+        """The draft length asked for: the fixed length, or ``"auto"`` (the session chooses it per
+        verify, up to n_draft_max)."""
+        return "auto" if self._adaptive else self._n_draft
+
+    @property
+    def n_draft_max(self) -> int:
+        """The longest draft a verify may carry (the fixed n_draft, or the cap of ``"auto"``)."""
         return self._n_draft
 
     @property

@@ -10,7 +10,7 @@ namespace llamaspec {
 namespace {
 constexpr double kDecay = 0.97;          // acceptance evidence fades by this per drafting observation
                                          // (a window of ~33 verifies)
-constexpr size_t kCostWindow = 8;        // T(rows): the mean of its last 8 measurements, less the largest
+constexpr size_t kCostWindow = 8;        // a cost: the mean of its last 8 measurements, less the largest
 constexpr double kSlopeGuess = 0.25;     // a verify's extra row, until measured: +25% of a plain step
                                          // (per sequence)
 constexpr double kShadowBudget = 0.01;   // watching (shadow drafts) costs at most 1% of plain decoding...
@@ -48,15 +48,16 @@ double DraftLengthPolicy::Cost::mean() const {
 
 DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq)
     : n_max_(std::max(1, n_max)), n_min_(std::clamp(n_min, 1, std::max(1, n_max))),
-      n_rows_(std::max(1, n_seq) * (n_max_ + 1)), seqs_((size_t) std::max(1, n_seq)), cost_((size_t) n_rows_ + 1) {
+      n_rows_(std::max(1, n_seq) * (n_max_ + 1)), seqs_((size_t) std::max(1, n_seq)), cost_((size_t) n_rows_ + 1),
+      draft_cost_((size_t) n_max_ + 1) {
     for (Seq & s : seqs_) {
         s.tried.assign((size_t) n_max_, 0.0);
         s.accepted.assign((size_t) n_max_, 0.0);
     }
 }
 
-bool DraftLengthPolicy::known(int32_t rows) const {
-    const Cost & c = cost_[(size_t) rows];
+bool DraftLengthPolicy::known(const std::vector<Cost> & table, int32_t i) const {
+    const Cost & c = table[(size_t) i];
     return !c.recent.empty() && iteration_ - c.at <= kForget;
 }
 
@@ -77,37 +78,54 @@ std::vector<double> DraftLengthPolicy::tokens(const Seq & s) const {
     return e;
 }
 
-std::vector<double> DraftLengthPolicy::costs(int32_t n) const {
+std::vector<double> DraftLengthPolicy::verify_costs(int32_t n) const {
+    // V(rows): the rest of a step after drafting (verify, drafter bookkeeping, sampling, emission).
     // A row count's own measurements where they are recent (cost curves are bumpy: on the MTP
     // fixture a batch of 9 is slower than 8 and 10); elsewhere linear between the nearest measured
-    // row counts; past the largest measured one, a guess per extra row: kSlopeGuess of a plain step
-    // plus the cheapest draft time per token seen, both divided among the step's sequences (they
-    // draft in lockstep, so another sequence's draft token rarely adds a draft step; an optimistic
-    // guess is soon measured, a pessimistic one might never be). (Not the slope of the last
-    // two measured: cost curves are concave, on the hybrid MTP fixture a 1-token draft costs 3x a
-    // plain step and an 8-token one 6x, so that slope rules out every longer draft.) Row counts below
-    // every measured one are left at 0: a step of n sequences verifies n rows at least, and n is
-    // measured before anything is drafted.
+    // row counts; past the largest measured one, kSlopeGuess of a plain step per extra row (per
+    // sequence: the rows are shared). (Not the slope of the last two measured: cost curves are
+    // concave, on the hybrid MTP fixture a 1-token draft costs 3x a plain step and an 8-token one 6x,
+    // so that slope rules out every longer draft.) Row counts below every measured one are left at 0:
+    // a step of n sequences verifies n rows at least, and n is measured before anything is drafted.
     std::vector<double> t((size_t) n_rows_ + 1, 0.0);
     std::vector<int32_t> measured;
     for (int32_t r = 1; r <= n_rows_; ++r) {
-        if (known(r)) {
+        if (known(cost_, r)) {
             measured.push_back(r);
             t[(size_t) r] = cost_[(size_t) r].mean();
         }
     }
     if (measured.empty()) return t;
-    const int32_t base = known(n) ? n : measured[0];
-    const double per_row = (kSlopeGuess * t[(size_t) base] + std::max(0.0, draft_token_us_)) / base;
-    for (int32_t r = measured[0] + 1; r <= n_rows_; ++r) {
-        if (known(r)) continue;
+    const int32_t base = known(cost_, n) ? n : measured[0];
+    fill(t, measured, kSlopeGuess * t[(size_t) base] / base);
+    return t;
+}
+
+std::vector<double> DraftLengthPolicy::draft_costs() const {
+    // D(k): the drafting of a step whose longest draft is k (sequences draft in lockstep: one
+    // drafter step per position, for all of them at once); D(0) = 0. Measured where recent, linear
+    // in between, past the longest measured one the cheapest draft time per token seen per position.
+    std::vector<double> d((size_t) n_max_ + 1, 0.0);
+    std::vector<int32_t> measured{0};
+    for (int32_t k = 1; k <= n_max_; ++k) {
+        if (known(draft_cost_, k)) {
+            measured.push_back(k);
+            d[(size_t) k] = draft_cost_[(size_t) k].mean();
+        }
+    }
+    fill(d, measured, std::max(0.0, draft_token_us_));
+    return d;
+}
+
+void DraftLengthPolicy::fill(std::vector<double> & t, const std::vector<int32_t> & measured, double past) {
+    for (int32_t r = measured[0] + 1; r < (int32_t) t.size(); ++r) {
         const auto hi = std::upper_bound(measured.begin(), measured.end(), r);
         const int32_t lo = *(hi - 1);
+        if (lo == r) continue;
         t[(size_t) r] = hi != measured.end()
                             ? t[(size_t) lo] + (t[(size_t) *hi] - t[(size_t) lo]) * (double) (r - lo) / (double) (*hi - lo)
-                            : t[(size_t) lo] + per_row * (double) (r - lo);
+                            : t[(size_t) lo] + past * (double) (r - lo);
     }
-    return t;
 }
 
 void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int32_t> & lengths) {
@@ -124,57 +142,80 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
         s.shadow = s.shadows < 2;
     }
     const int32_t n_plain = (int32_t) n;
-    if (!known(n_plain)) return;
+    if (!known(cost_, n_plain)) return;
 
-    // The most tokens per second for the step: for every total of draft tokens, the best split
-    // among the sequences gives each next token to the sequence whose next position adds the most
-    // expected tokens (E_s grows by less with every position, so this is exact up to n_min); the
-    // total with the best (sum of E_s) / T(rows) wins.
-    const std::vector<double> t = costs(n_plain);
+    // The most tokens per second for the step: (sum of E_s(k_s)) / (D(max k_s) + V(n + sum k_s)).
+    // For a cap K on every length, the best split of a number of draft tokens gives each next token
+    // to the sequence whose next position adds the most expected tokens (E_s grows by less with
+    // every position, so this is exact up to n_min); every cap and every number of tokens is tried.
+    const std::vector<double> v = verify_costs(n_plain);
+    const std::vector<double> d = draft_costs();
     std::vector<std::vector<double>> e(n);
     for (size_t i = 0; i < n; ++i) e[i] = tokens(seqs_[(size_t) ids[i]]);
-    std::vector<int32_t> k(n, 0);
+    std::vector<int32_t> k;
     std::vector<std::pair<size_t, int32_t>> picks;  // (sequence, rows added), in order
-    double expected = (double) n;
-    int32_t rows = n_plain;
-    double best_rate = expected / t[(size_t) rows];
+    // the greedy split under cap K: the picks and the rate after each; the best prefix
+    auto split = [&](int32_t cap, std::vector<double> & rates) {
+        k.assign(n, 0);
+        picks.clear();
+        rates.clear();
+        double expected = (double) n;
+        int32_t rows = n_plain, longest = 0;
+        for (;;) {
+            size_t pick = n;
+            double pick_gain = 0;
+            int32_t pick_rows = 0;
+            for (size_t i = 0; i < n; ++i) {
+                if (seqs_[(size_t) ids[i]].shadows < 2) continue;  // still looking
+                const int32_t step = k[i] == 0 ? n_min_ : 1;
+                if (k[i] + step > cap) continue;
+                const double gain = (e[i][(size_t) (k[i] + step)] - e[i][(size_t) k[i]]) / step;
+                if (pick == n || gain > pick_gain) {
+                    pick = i;
+                    pick_gain = gain;
+                    pick_rows = step;
+                }
+            }
+            if (pick == n || rows + pick_rows > n_rows_) break;
+            k[pick] += pick_rows;
+            rows += pick_rows;
+            longest = std::max(longest, k[pick]);
+            expected += pick_gain * pick_rows;
+            picks.emplace_back(pick, pick_rows);
+            rates.push_back(expected / (d[(size_t) longest] + v[(size_t) rows]));
+        }
+    };
+    const double plain_rate = (double) n / v[(size_t) n_plain];
+    double best_rate = plain_rate;
+    int32_t best_cap = 0;
     size_t best_n = 0;
-    for (;;) {
-        size_t pick = n;
-        double pick_gain = 0;
-        int32_t pick_rows = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (seqs_[(size_t) ids[i]].shadows < 2) continue;  // still looking
-            const int32_t step = k[i] == 0 ? n_min_ : 1;
-            if (k[i] + step > n_max_) continue;
-            const double gain = (e[i][(size_t) (k[i] + step)] - e[i][(size_t) k[i]]) / step;
-            if (pick == n || gain > pick_gain) {
-                pick = i;
-                pick_gain = gain;
-                pick_rows = step;
+    std::vector<double> rates;
+    for (int32_t cap = n_min_; cap <= n_max_; ++cap) {
+        split(cap, rates);
+        for (size_t p = 0; p < rates.size(); ++p) {
+            if (rates[p] > best_rate) {  // ties go to the shorter cap and fewer drafts
+                best_rate = rates[p];
+                best_cap = cap;
+                best_n = p + 1;
             }
         }
-        if (pick == n || rows + pick_rows > n_rows_) break;
-        k[pick] += pick_rows;
-        rows += pick_rows;
-        expected += pick_gain * pick_rows;
-        picks.emplace_back(pick, pick_rows);
-        if (expected / t[(size_t) rows] > best_rate) {  // ties go to fewer drafts
-            best_rate = expected / t[(size_t) rows];
-            best_n = picks.size();
+    }
+    if (best_n > 0) {
+        split(best_cap, rates);
+        if (++drafting_steps_ % kLookMax == 0) {
+            // every kLookMax-th drafting step measures a neighbour instead, one draft token more and
+            // one less in turn (within the cap, or the cap one longer): between measured costs the
+            // estimates are interpolated, and a bumpy cost curve (or a slow spell of one row count)
+            // can hide a cheaper one there
+            const bool up = (drafting_steps_ / kLookMax) % 2 == 0;
+            if (up && best_n == picks.size() && best_cap < n_max_) split(++best_cap, rates);
+            const size_t more = best_n + 1, less = best_n - 1;
+            if (up && more <= picks.size()) best_n = more;
+            else if (less >= 1) best_n = less;
+            else if (more <= picks.size()) best_n = more;
         }
+        for (size_t p = 0; p < best_n; ++p) lengths[picks[p].first] += picks[p].second;
     }
-    if (best_n > 0 && ++drafting_steps_ % kLookMax == 0) {
-        // every kLookMax-th drafting step measures a neighbour instead, one draft token more and one
-        // less in turn: between measured row counts costs are interpolated, and a bumpy cost curve
-        // (or a slow spell of one row count) can hide a cheaper one there
-        const size_t more = best_n + 1, less = best_n - 1;
-        const bool up = (drafting_steps_ / kLookMax) % 2 == 0;
-        if (up && more <= picks.size()) best_n = more;
-        else if (less >= 1) best_n = less;
-        else if (more <= picks.size()) best_n = more;
-    }
-    for (size_t p = 0; p < best_n; ++p) lengths[picks[p].first] += picks[p].second;
 
     // Plain sequences learn acceptance from shadow drafts only. They matter only if a draft would pay
     // were everything accepted: a draft model as slow as its target never would, and then it is not
@@ -186,9 +227,9 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     // idle for that sequence.
     bool full_pays = false;
     for (int32_t j = n_min_; j <= n_max_ && n_plain + j <= n_rows_; ++j) {
-        full_pays = full_pays || (double) (n_plain + j) / t[(size_t) (n_plain + j)] > best_rate;
+        full_pays = full_pays || (double) (n_plain + j) / (d[(size_t) j] + v[(size_t) (n_plain + j)]) > best_rate;
     }
-    const double budget = kShadowBudget * t[(size_t) n_plain] / n_plain;
+    const double budget = kShadowBudget * v[(size_t) n_plain] / n_plain;
     const double row = catch_up_row_.recent.empty() ? 0.0 : catch_up_row_.mean();
     for (size_t i = 0; i < n; ++i) {
         Seq & s = seqs_[(size_t) ids[i]];
@@ -249,10 +290,12 @@ void DraftLengthPolicy::observe_draft(int32_t seq, int32_t n_requested, int32_t 
     }
 }
 
-void DraftLengthPolicy::observe_step(int32_t rows, int32_t n_drafted_max, double draft_us, double rest_us) {
-    Cost & c = cost_[(size_t) std::clamp(rows, 1, n_rows_)];
-    if (n_drafted_max > 0 && c.warmed) note_draft_time(draft_us / n_drafted_max);
-    c.add(draft_us + rest_us, iteration_);
+void DraftLengthPolicy::observe_step(int32_t rows, int32_t k_max, double draft_us, double rest_us) {
+    cost_[(size_t) std::clamp(rows, 1, n_rows_)].add(rest_us, iteration_);
+    if (k_max <= 0) return;
+    Cost & c = draft_cost_[(size_t) std::min(k_max, n_max_)];
+    if (c.warmed) note_draft_time(draft_us / k_max);
+    c.add(draft_us, iteration_);
 }
 
 void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t n_accepted, double draft_us,
@@ -266,8 +309,10 @@ double DraftLengthPolicy::expected_tokens(int32_t k, int32_t seq) const {
     return tokens(seqs_[(size_t) std::clamp(seq, 0, (int32_t) seqs_.size() - 1)])[(size_t) std::clamp(k, 0, n_max_)];
 }
 
-double DraftLengthPolicy::expected_step_us(int32_t rows) const {
-    return costs(1)[(size_t) std::clamp(rows, 0, n_rows_)];
+double DraftLengthPolicy::expected_us(int32_t k) const {
+    k = std::clamp(k, 0, n_max_);
+    const std::vector<double> v = verify_costs(1);
+    return v[(size_t) k + 1] > 0 ? draft_costs()[(size_t) k] + v[(size_t) k + 1] : 0.0;
 }
 
 }  // namespace llamaspec

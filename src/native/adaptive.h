@@ -1,8 +1,8 @@
 // The adaptive draft length (n_draft="auto"): before every step, the draft length of each sequence in
 // it, so that the step yields the most expected tokens per second: sum over its sequences of E_s(k_s)
-// over T(rows), where E_s comes from the acceptance seen per draft position on that sequence's text
-// and T from the time steps verifying that many rows took on this machine (a verify's cost depends
-// on how many sequences share it). A length 0 is a plain step for that sequence, which may carry a
+// over D(longest k_s) + V(rows), where E_s comes from the acceptance seen per draft position on that
+// sequence's text, D from the drafting time of steps with that longest draft (sequences draft in
+// lockstep) and V from the time of the rest of steps verifying that many rows, on this machine. A length 0 is a plain step for that sequence, which may carry a
 // cheap unverified "shadow" draft so that a change of its text is noticed. Design, constants and
 // evidence: ADR 0009.
 #pragma once
@@ -35,9 +35,9 @@ public:
     void observe_shadow(int32_t seq, bool drafted, bool accepted, double draft_us);
     void observe_draft(int32_t seq, int32_t n_requested, int32_t n_drafted, int32_t n_accepted);
     // ...and as a whole: the rows it verified (each sequence's token plus the drafts asked for), the
-    // longest draft produced, the time spent drafting (0 when only shadow drafts were made: their
-    // time is reported apart) and in the rest of the step (verify, bookkeeping, sampling, emission).
-    void observe_step(int32_t rows, int32_t n_drafted_max, double draft_us, double rest_us);
+    // longest draft asked for (0: none; shadow drafts do not count, their time is reported apart),
+    // the time spent drafting and in the rest of the step (verify, bookkeeping, sampling, emission).
+    void observe_step(int32_t rows, int32_t k_max, double draft_us, double rest_us);
 
     // One sequence (id 0) alone: the length of its next verify, whether that plain step carries a
     // shadow draft, and what it did and cost (observe_draft and observe_step together).
@@ -47,11 +47,10 @@ public:
     void observe(int32_t n_requested, int32_t n_drafted, int32_t n_accepted, double draft_us, double rest_us);
 
     // The model's current view, for tests and the ADR: E_s(k), expected tokens of a verify of length
-    // k on sequence seq, and T(rows), expected microseconds of a step verifying that many rows (0 when
-    // not yet known); expected_us(k) is T(k + 1), one sequence's verify of length k.
+    // k on sequence seq, and D(k) + V(k + 1), expected microseconds of one sequence's step with a
+    // draft of k (0 when not yet known).
     double expected_tokens(int32_t k, int32_t seq = 0) const;
-    double expected_step_us(int32_t rows) const;
-    double expected_us(int32_t k) const { return expected_step_us(k + 1); }
+    double expected_us(int32_t k) const;
 
 private:
     // The recent measurements of one cost (a step of so many rows, or a catch-up row).
@@ -72,15 +71,19 @@ private:
         bool shadow = false;                  // its step just chosen carries a shadow draft
     };
 
-    bool known(int32_t rows) const;         // T(rows) was measured recently enough
+    bool known(const std::vector<Cost> & table, int32_t i) const;  // measured recently enough
     std::vector<double> tokens(const Seq & s) const;  // E_s(k), k = 0..n_max
-    std::vector<double> costs(int32_t n) const;  // T(rows), rows = 0..n_seq*(n_max+1), for n sequences
+    std::vector<double> verify_costs(int32_t n) const;  // V(rows), rows = 0..n_rows, for n sequences
+    std::vector<double> draft_costs() const;            // D(k), k = 0..n_max
+    // fills the entries of t not measured: linear between measured ones, `past` a step after the last
+    static void fill(std::vector<double> & t, const std::vector<int32_t> & measured, double past);
     void fade(Seq & s) const;               // one more drafting observation: older evidence counts less
     void note_draft_time(double per_token_us);  // a drafted token's time, past its warm-up
 
     int32_t n_max_, n_min_, n_rows_;        // n_rows_: the most rows a step verifies
     std::vector<Seq> seqs_;
-    std::vector<Cost> cost_;                // T(rows), by rows verified
+    std::vector<Cost> cost_;                // V(rows): a step's time after drafting, by rows verified
+    std::vector<Cost> draft_cost_;          // D(k): a step's drafting time, by its longest draft
     Cost catch_up_row_;                     // a shadow draft's extra time per plain step since the last one
     double draft_token_us_ = -1;            // the cheapest draft time per drafted token seen (-1: none)
     uint64_t iteration_ = 0;                // steps chosen

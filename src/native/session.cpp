@@ -610,11 +610,10 @@ void register_session(nb::module_ & m) {
              "What a sequence's shadow draft did.")
         .def("observe_draft", &DraftLengthPolicy::observe_draft, nb::arg("seq"), nb::arg("n_requested"),
              nb::arg("n_drafted"), nb::arg("n_accepted"), "What a sequence's verify did.")
-        .def("observe_step", &DraftLengthPolicy::observe_step, nb::arg("rows"), nb::arg("n_drafted_max"),
+        .def("observe_step", &DraftLengthPolicy::observe_step, nb::arg("rows"), nb::arg("k_max"),
              nb::arg("draft_us"), nb::arg("rest_us"), "What the whole step verified and cost.")
         .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"), nb::arg("seq") = 0)
-        .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"))
-        .def("expected_step_us", &DraftLengthPolicy::expected_step_us, nb::arg("rows"));
+        .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"));
 
     m.def("sampling_option_names", &sampling_option_names, "The sampling options the native core reads.");
     m.def("context_option_names", &context_option_names, "The context options the native core reads.");
