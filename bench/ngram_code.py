@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+from typing import Literal
 
 import llamaspec
 
@@ -27,14 +28,16 @@ from plain_decode import smollm2  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
 FUNCS = "\n\n".join(
-    f"def {name}(items):\n    total = {init}\n    for x in items:\n        total = total {op} x\n    return total"
+    f"def {name}(items):\n    total = {init}\n    for x in items:\n"
+    f"        total = total {op} x\n    return total"
     for name, init, op in [
         ("add_all", 0, "+"), ("mul_all", 1, "*"), ("sub_all", 0, "-"), ("max_all", "float('-inf')", "+ 0 *"),
         ("count_all", 0, "+ 1 +"), ("xor_all", 0, "^"), ("or_all", 0, "|"), ("and_all", -1, "&"),
     ]
 )
 CASES = {
-    "code-edit": f"Rename the variable `total` to `acc` in these functions. Reply with the code only.\n\n{FUNCS}\n",
+    "code-edit": "Rename the variable `total` to `acc` in these functions. Reply with the code only.\n\n"
+    f"{FUNCS}\n",
     "free-text": "Write a short story about a fox who learns to sail.",
 }
 
@@ -67,8 +70,9 @@ def main() -> None:
                 "plain": llamaspec.Generator(model, n_ctx=2048, n_threads=threads)}
             for m in args.methods:
                 for nd in args.n_draft:
+                    n_draft: int | Literal["auto"] = "auto" if nd == "auto" else int(nd)
                     sessions[f"{m} {nd}"] = llamaspec.Speculative(
-                        model, method=m, n_draft="auto" if nd == "auto" else int(nd), n_ctx=2048, n_threads=threads)
+                        model, method=m, n_draft=n_draft, n_ctx=2048, n_threads=threads)
             for s in sessions.values():  # each session's first call: warm-up (and auto's first look)
                 rate(s, prompt, args.tokens)
                 if isinstance(s, llamaspec.Speculative):
@@ -76,8 +80,8 @@ def main() -> None:
             rates: dict[str, list[float]] = {k: [] for k in sessions}
             ratios: dict[str, list[float]] = {k: [] for k in sessions}
             names = list(sessions)
-            for r in range(args.runs):
-                order = names[r % len(names):] + names[:r % len(names)]
+            for i in range(args.runs):
+                order = names[i % len(names):] + names[:i % len(names)]
                 got = {k: rate(sessions[k], prompt, args.tokens) for k in order}
                 for k, v in got.items():
                     rates[k].append(v)
@@ -88,8 +92,9 @@ def main() -> None:
                                  ratio=statistics.median(ratios[k]), lo=min(ratios[k]), hi=max(ratios[k]),
                                  drafted=st.drafts_generated / args.runs if st else 0.0,
                                  acc=st.acceptance_rate if st else 0.0))
-                print(f"  {case} t={threads} {k}: {rows[-1]['rate']:.1f} tok/s, {rows[-1]['ratio']:.2f}x plain, "
-                      f"drafted {rows[-1]['drafted']:.0f}/call at {rows[-1]['acc']:.2f}", flush=True)
+                last = rows[-1]
+                print(f"  {case} t={threads} {k}: {last['rate']:.1f} tok/s, {last['ratio']:.2f}x plain, "
+                      f"drafted {last['drafted']:.0f}/call at {last['acc']:.2f}", flush=True)
                 s.close()
     model.close()
     lines = [
@@ -102,8 +107,9 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['threads']} | {r['config']} | {r['rate']:.1f} | **{r['ratio']:.2f}x** "
-                     f"({r['lo']:.2f}-{r['hi']:.2f}) | {r['drafted']:.0f} | {r['acc']:.2f} |")
+        ratio = f"**{r['ratio']:.2f}x** ({r['lo']:.2f}-{r['hi']:.2f})"
+        lines.append(f"| {r['case']} | {r['threads']} | {r['config']} | {r['rate']:.1f} | {ratio} "
+                     f"| {r['drafted']:.0f} | {r['acc']:.2f} |")
     emit_report("ngram_code", lines, save=not args.no_save)
 
 
