@@ -78,7 +78,7 @@ std::vector<double> DraftLengthPolicy::tokens(const Seq & s) const {
     return e;
 }
 
-std::vector<double> DraftLengthPolicy::verify_costs(int32_t n) const {
+std::vector<double> DraftLengthPolicy::verify_costs(int32_t n, double produced) const {
     // V(rows): the rest of a step after drafting (verify, drafter bookkeeping, sampling, emission).
     // A row count's own measurements where they are recent (cost curves are bumpy: on the MTP
     // fixture a batch of 9 is slower than 8 and 10); elsewhere linear between the nearest measured
@@ -97,11 +97,11 @@ std::vector<double> DraftLengthPolicy::verify_costs(int32_t n) const {
     }
     if (measured.empty()) return t;
     const int32_t base = known(cost_, n) ? n : measured[0];
-    fill(t, measured, kSlopeGuess * t[(size_t) base] / base);
+    fill(t, measured, produced * kSlopeGuess * t[(size_t) base] / base);
     return t;
 }
 
-std::vector<double> DraftLengthPolicy::draft_costs() const {
+std::vector<double> DraftLengthPolicy::draft_costs(double produced) const {
     // D(k): the drafting of a step whose longest draft is k (sequences draft in lockstep: one
     // drafter step per position, for all of them at once); D(0) = 0. Measured where recent, linear
     // in between, past the longest measured one the cheapest draft time per token seen per position.
@@ -113,7 +113,7 @@ std::vector<double> DraftLengthPolicy::draft_costs() const {
             d[(size_t) k] = draft_cost_[(size_t) k].mean();
         }
     }
-    fill(d, measured, std::max(0.0, draft_token_us_));
+    fill(d, measured, produced * std::max(0.0, draft_token_us_));
     return d;
 }
 
@@ -148,10 +148,18 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     // For a cap K on every length, the best split of a number of draft tokens gives each next token
     // to the sequence whose next position adds the most expected tokens (E_s grows by less with
     // every position, so this is exact up to n_min); every cap and every number of tokens is tried.
-    const std::vector<double> v = verify_costs(n_plain);
-    const std::vector<double> d = draft_costs();
+    // Costs are measured by the lengths asked for, so a drafter that often finds nothing to propose
+    // (the n-gram methods) is measured at what its steps cost on average; guesses for what was not
+    // measured count an asked row at the share of asks the drafter answers.
     std::vector<std::vector<double>> e(n);
-    for (size_t i = 0; i < n; ++i) e[i] = tokens(seqs_[(size_t) ids[i]]);
+    double produced = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const Seq & s = seqs_[(size_t) ids[i]];
+        e[i] = tokens(s);
+        produced += (s.produced + 1.0) / (s.asked + 1.0) / (double) n;
+    }
+    const std::vector<double> v = verify_costs(n_plain, produced);
+    const std::vector<double> d = draft_costs(produced);
     std::vector<int32_t> k;
     std::vector<std::pair<size_t, int32_t>> picks;  // (sequence, rows added), in order
     // the greedy split under cap K: the picks and the rate after each; the best prefix
@@ -254,6 +262,8 @@ int32_t DraftLengthPolicy::choose() {
 void DraftLengthPolicy::fade(Seq & s) const {
     for (double & x : s.tried) x *= kDecay;
     for (double & x : s.accepted) x *= kDecay;
+    s.asked *= kDecay;
+    s.produced *= kDecay;
 }
 
 void DraftLengthPolicy::note_draft_time(double per_token_us) {
@@ -266,6 +276,8 @@ void DraftLengthPolicy::observe_shadow(int32_t seq, bool drafted, bool accepted,
     fade(s);
     s.tried[0] += 1.0;
     s.accepted[0] += drafted && accepted ? 1.0 : 0.0;
+    s.asked += 1.0;
+    s.produced += drafted ? 1.0 : 0.0;
     if (drafted && s.shadows > 0) {  // the first one also caught the drafter up on the prompt
         note_draft_time(draft_us);
         const uint64_t gap = iteration_ - s.previous_shadow;  // steps since its last shadow draft
@@ -284,6 +296,8 @@ void DraftLengthPolicy::observe_draft(int32_t seq, int32_t n_requested, int32_t 
     // drifts back toward its prior instead of keeping a stale estimate
     Seq & s = seqs_[(size_t) seq];
     fade(s);
+    s.asked += 1.0;
+    s.produced += n_drafted > 0 ? 1.0 : 0.0;
     for (int32_t i = 0; i < n_requested && i <= n_accepted; ++i) {  // asked, and all before accepted
         s.tried[(size_t) i] += 1.0;
         s.accepted[(size_t) i] += i < n_accepted ? 1.0 : 0.0;
@@ -311,8 +325,10 @@ double DraftLengthPolicy::expected_tokens(int32_t k, int32_t seq) const {
 
 double DraftLengthPolicy::expected_us(int32_t k) const {
     k = std::clamp(k, 0, n_max_);
-    const std::vector<double> v = verify_costs(1);
-    return v[(size_t) k + 1] > 0 ? draft_costs()[(size_t) k] + v[(size_t) k + 1] : 0.0;
+    const Seq & s = seqs_[0];
+    const double produced = (s.produced + 1.0) / (s.asked + 1.0);
+    const std::vector<double> v = verify_costs(1, produced);
+    return v[(size_t) k + 1] > 0 ? draft_costs(produced)[(size_t) k] + v[(size_t) k + 1] : 0.0;
 }
 
 }  // namespace llamaspec

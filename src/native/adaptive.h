@@ -65,6 +65,7 @@ private:
     // What the policy knows of one sequence's text.
     struct Seq {
         std::vector<double> tried, accepted;  // per draft position, decayed counts
+        double asked = 0, produced = 0;       // drafts asked for, and those the drafter produced (decayed)
         uint64_t next_shadow = 0;             // the first step that may carry its next shadow draft
         uint64_t previous_shadow = 0;         // the step of its last shadow draft observed
         uint32_t shadows = 0;                 // shadow drafts observed
@@ -73,8 +74,10 @@ private:
 
     bool known(const std::vector<Cost> & table, int32_t i) const;  // measured recently enough
     std::vector<double> tokens(const Seq & s) const;  // E_s(k), k = 0..n_max
-    std::vector<double> verify_costs(int32_t n) const;  // V(rows), rows = 0..n_rows, for n sequences
-    std::vector<double> draft_costs() const;            // D(k), k = 0..n_max
+    // V(rows), rows = 0..n_rows, for n sequences, and D(k), k = 0..n_max; `produced`: the share of
+    // asks the drafter answers (scales the guesses for what was not measured)
+    std::vector<double> verify_costs(int32_t n, double produced) const;
+    std::vector<double> draft_costs(double produced) const;
     // fills the entries of t not measured: linear between measured ones, `past` a step after the last
     static void fill(std::vector<double> & t, const std::vector<int32_t> & measured, double past);
     void fade(Seq & s) const;               // one more drafting observation: older evidence counts less
