@@ -127,7 +127,7 @@ def test_policy_notices_a_change_of_text(before: float, after: float, seed: int)
         assert settled - 200 <= 100
         assert chosen[350:].count(0) / 150 > 0.9
     else:
-        # back to drafting within 60 steps (shadow drafts every 2nd step see the change), at the
+        # back to drafting within 60 steps (shadow drafts every 5th step see the change), at the
         # longest lengths soon after
         assert next(i for i in range(200, 500) if chosen[i] > 0) - 200 <= 60
         assert sum(k >= N_MAX - 1 for k in chosen[300:]) / 200 > 0.9
@@ -176,8 +176,11 @@ def test_policy_respects_n_min_and_its_model_is_monotone() -> None:
     for _ in range(100):
         k = policy.choose()
         seen.add(k)
+        if k == 0 and policy.shadow:
+            assert policy.shadow_length == 3
+            policy.observe_shadow(True, True, 3 * SHADOW_US)
         policy.observe(k, k, k, 50.0 * k, cost(k + 1))
-    assert seen <= {0, 3, 4, 5, 6}
+    assert seen <= {0, 3, 4, 5, 6} and max(seen) >= 3
     assert [policy.expected_tokens(k) for k in range(7)] == sorted(policy.expected_tokens(k) for k in range(7))
 
 
@@ -209,12 +212,6 @@ def test_the_model_predicts_every_length_from_the_one_drafted(drafted: int) -> N
 
 # ------------------------------------------------------------------------------------------------
 # several sequences: one step verifies every sequence's drafts, and costs by the rows it verifies
-
-
-def step_cost(rows: int, n_drafted_max: int) -> float:
-    """A step that verifies `rows` rows (1 ms plus 15% a row more) after drafting in lockstep for
-    its longest draft."""
-    return cost(rows) + DRAFT_US * n_drafted_max
 
 
 def batch_rate(lengths: list[int], ps: list[float]) -> float:
@@ -263,6 +260,17 @@ def test_several_sequences_run_at_least_as_fast_as_the_best_fixed_length(ps: lis
     rate = sum(batch_rate(k, ps) for k in tail) / len(tail)
     best_fixed = max(batch_rate([k] * len(ps), ps) for k in range(N_MAX + 1))
     assert rate / best_fixed > (0.98 if len(set(ps)) > 1 else 0.95), (rate / best_fixed, tail[:5])
+
+
+def test_policy_sequence_ids_are_checked() -> None:
+    policy = _native.DraftLengthPolicy(N_MAX, 0, 2)
+    for bad in ([2], [-1], [0, 0]):
+        with pytest.raises(InvalidOptionError):
+            policy.choose_step(bad)
+    with pytest.raises(InvalidOptionError):
+        policy.observe_draft(2, 1, 1, 1)
+    with pytest.raises(InvalidOptionError):
+        policy.shadow_of(5)
 
 
 def test_a_sequence_alone_is_chosen_for_as_in_a_session_of_one() -> None:

@@ -80,8 +80,8 @@ std::vector<double> DraftLengthPolicy::tokens(const Seq & s) const {
 
 std::vector<double> DraftLengthPolicy::verify_costs(int32_t n, double produced) const {
     // V(rows): the rest of a step after drafting (verify, drafter bookkeeping, sampling, emission).
-    // A row count's own measurements where they are recent (cost curves are bumpy: on the MTP
-    // fixture a batch of 9 is slower than 8 and 10); elsewhere linear between the nearest measured
+    // A row count's own measurements where they are recent (cost curves can be bumpy, one batch
+    // size slower than both neighbours); elsewhere linear between the nearest measured
     // row counts; past the largest measured one, kSlopeGuess of a plain step per extra row (per
     // sequence: the rows are shared). (Not the slope of the last two measured: cost curves are
     // concave, on the hybrid MTP fixture a 1-token draft costs 3x a plain step and an 8-token one 6x,
@@ -244,7 +244,7 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
         if (lengths[i] > 0 || s.shadow) continue;
         if (!full_pays || row >= budget || it < s.next_shadow) continue;
         s.shadow = true;
-        const double gap = std::ceil(std::max(0.0, draft_token_us_) / (budget - row));
+        const double gap = std::ceil(n_min_ * std::max(0.0, draft_token_us_) / (budget - row));
         s.next_shadow = it + (uint64_t) std::clamp(gap, 1.0, (double) kLookMax);
     }
 }
@@ -278,10 +278,13 @@ void DraftLengthPolicy::observe_shadow(int32_t seq, bool drafted, bool accepted,
     s.accepted[0] += drafted && accepted ? 1.0 : 0.0;
     s.asked += 1.0;
     s.produced += drafted ? 1.0 : 0.0;
-    if (drafted && s.shadows > 0) {  // the first one also caught the drafter up on the prompt
-        note_draft_time(draft_us);
-        const uint64_t gap = iteration_ - s.previous_shadow;  // steps since its last shadow draft
-        if (gap > 1) catch_up_row_.add(std::max(0.0, draft_us - draft_token_us_) / (double) (gap - 1), iteration_);
+    // timed only when no sequence verified a draft in the step (else draft_us < 0: the drafting
+    // time was theirs too); the first one also caught the drafter up on the prompt
+    if (drafted && s.shadows > 0 && draft_us >= 0) {
+        note_draft_time(draft_us / n_min_);
+        const uint64_t gap = iteration_ - s.previous_shadow;  // steps since it last drafted
+        const double draft = n_min_ * draft_token_us_;
+        if (gap > 1) catch_up_row_.add(std::max(0.0, draft_us - draft) / (double) (gap - 1), iteration_);
     }
     ++s.shadows;
     s.previous_shadow = iteration_;
@@ -296,6 +299,7 @@ void DraftLengthPolicy::observe_draft(int32_t seq, int32_t n_requested, int32_t 
     // drifts back toward its prior instead of keeping a stale estimate
     Seq & s = seqs_[(size_t) seq];
     fade(s);
+    s.previous_shadow = iteration_;  // the drafter caught up on this sequence here too
     s.asked += 1.0;
     s.produced += n_drafted > 0 ? 1.0 : 0.0;
     for (int32_t i = 0; i < n_requested && i <= n_accepted; ++i) {  // asked, and all before accepted
@@ -316,7 +320,7 @@ void DraftLengthPolicy::observe(int32_t n_requested, int32_t n_drafted, int32_t 
                                 double rest_us) {
     n_requested = std::clamp(n_requested, 0, n_max_);
     observe_draft(0, n_requested, n_drafted, n_accepted);
-    observe_step(1 + n_requested, n_requested > 0 ? std::clamp(n_drafted, 0, n_requested) : 0, draft_us, rest_us);
+    observe_step(1 + n_requested, n_requested, draft_us, rest_us);
 }
 
 double DraftLengthPolicy::expected_tokens(int32_t k, int32_t seq) const {

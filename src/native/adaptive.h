@@ -28,9 +28,11 @@ public:
     void choose(const std::vector<int32_t> & seqs, std::vector<int32_t> & lengths);
     bool shadow(int32_t seq) const;
     int32_t shadow_length() const { return n_min_; }
+    int32_t n_seq() const { return (int32_t) seqs_.size(); }
 
     // What the step did, per sequence: a shadow draft (whether the drafter produced a token, whether
-    // it equals the token the plain step sampled, the drafter's time in microseconds), or a verify
+    // it equals the token the plain step sampled, the drafter's time in microseconds, or < 0 when
+    // other sequences drafted in the same call, so that it cannot be told apart), or a verify
     // (the length asked for, the drafts produced, how many the target accepted)...
     void observe_shadow(int32_t seq, bool drafted, bool accepted, double draft_us);
     void observe_draft(int32_t seq, int32_t n_requested, int32_t n_drafted, int32_t n_accepted);
@@ -67,7 +69,7 @@ private:
         std::vector<double> tried, accepted;  // per draft position, decayed counts
         double asked = 0, produced = 0;       // drafts asked for, and those the drafter produced (decayed)
         uint64_t next_shadow = 0;             // the first step that may carry its next shadow draft
-        uint64_t previous_shadow = 0;         // the step of its last shadow draft observed
+        uint64_t previous_shadow = 0;         // the step it last drafted (a shadow or a verify)
         uint32_t shadows = 0;                 // shadow drafts observed
         bool shadow = false;                  // its step just chosen carries a shadow draft
     };

@@ -719,7 +719,9 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             // rollback ends the call before anything is sampled from a wrong cache
             if (spec) seq_rm(seq, s->n_past);
             if (policy) {
-                if (s->shadow) policy->observe_shadow(seq, !s->shadow_draft.empty(), shadow_hit, draft_us / n_shadows);
+                if (s->shadow) {
+                    policy->observe_shadow(seq, !s->shadow_draft.empty(), shadow_hit, k_max > 0 ? -1.0 : draft_us / n_shadows);
+                }
                 policy->observe_draft(seq, s->n_max, (int32_t) s->draft.size(), (int32_t) n_acc);
             }
         } catch (...) {  // one call's failure (a grammar that cannot go on, a failed rollback, ...) ends that call only

@@ -247,6 +247,14 @@ llama_context_params target_params(const llama_context_params & params, int32_t 
     return tp;
 }
 
+// A sequence id given to the policy from Python: within [0, n_seq), else InvalidOptionError.
+int32_t policy_seq(const DraftLengthPolicy & p, int32_t seq) {
+    if (seq < 0 || seq >= p.n_seq()) {
+        throw Error(ErrorKind::InvalidOption, "sequence id " + std::to_string(seq) + " is not within [0, n_seq)");
+    }
+    return seq;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -598,21 +606,36 @@ void register_session(nb::module_ & m) {
              "Sequence 0 alone: what a shadow draft did: produced a token, matched the plain step's, its cost.")
         .def("choose_step",
              [](DraftLengthPolicy & p, const std::vector<int32_t> & seqs) {
+                 std::vector<bool> seen((size_t) p.n_seq(), false);
+                 for (int32_t id : seqs) {
+                     if (seen[(size_t) policy_seq(p, id)]) throw Error(ErrorKind::InvalidOption, "sequence ids must be distinct");
+                     seen[(size_t) id] = true;
+                 }
                  std::vector<int32_t> lengths;
                  p.choose(seqs, lengths);
                  return lengths;
              },
              nb::arg("seqs"), "The draft length of each of these sequences for one step (0: plain).")
-        .def("shadow_of", nb::overload_cast<int32_t>(&DraftLengthPolicy::shadow, nb::const_), nb::arg("seq"),
+        .def("shadow_of",
+             [](const DraftLengthPolicy & p, int32_t seq) { return p.shadow(policy_seq(p, seq)); }, nb::arg("seq"),
              "Whether that sequence's plain step just chosen carries a shadow draft.")
-        .def("observe_shadow_of", nb::overload_cast<int32_t, bool, bool, double>(&DraftLengthPolicy::observe_shadow),
+        .def("observe_shadow_of",
+             [](DraftLengthPolicy & p, int32_t seq, bool drafted, bool accepted, double draft_us) {
+                 p.observe_shadow(policy_seq(p, seq), drafted, accepted, draft_us);
+             },
              nb::arg("seq"), nb::arg("drafted"), nb::arg("accepted"), nb::arg("draft_us"),
              "What a sequence's shadow draft did.")
-        .def("observe_draft", &DraftLengthPolicy::observe_draft, nb::arg("seq"), nb::arg("n_requested"),
-             nb::arg("n_drafted"), nb::arg("n_accepted"), "What a sequence's verify did.")
+        .def("observe_draft",
+             [](DraftLengthPolicy & p, int32_t seq, int32_t n_requested, int32_t n_drafted, int32_t n_accepted) {
+                 p.observe_draft(policy_seq(p, seq), n_requested, n_drafted, n_accepted);
+             },
+             nb::arg("seq"), nb::arg("n_requested"), nb::arg("n_drafted"), nb::arg("n_accepted"),
+             "What a sequence's verify did.")
         .def("observe_step", &DraftLengthPolicy::observe_step, nb::arg("rows"), nb::arg("k_max"),
              nb::arg("draft_us"), nb::arg("rest_us"), "What the whole step verified and cost.")
-        .def("expected_tokens", &DraftLengthPolicy::expected_tokens, nb::arg("k"), nb::arg("seq") = 0)
+        .def("expected_tokens",
+             [](const DraftLengthPolicy & p, int32_t k, int32_t seq) { return p.expected_tokens(k, policy_seq(p, seq)); },
+             nb::arg("k"), nb::arg("seq") = 0)
         .def("expected_us", &DraftLengthPolicy::expected_us, nb::arg("k"));
 
     m.def("sampling_option_names", &sampling_option_names, "The sampling options the native core reads.");
