@@ -89,12 +89,7 @@ std::vector<double> DraftLengthPolicy::verify_costs(int32_t n, double produced) 
     // a step of n sequences verifies n rows at least, and n is measured before anything is drafted.
     std::vector<double> t((size_t) n_rows_ + 1, 0.0);
     std::vector<int32_t> measured;
-    for (int32_t r = 1; r <= n_rows_; ++r) {
-        if (known(cost_, r)) {
-            measured.push_back(r);
-            t[(size_t) r] = cost_[(size_t) r].mean();
-        }
-    }
+    take_measured(cost_, t, measured);
     if (measured.empty()) return t;
     const int32_t base = known(cost_, n) ? n : measured[0];
     fill(t, measured, produced * kSlopeGuess * t[(size_t) base] / base);
@@ -107,14 +102,19 @@ std::vector<double> DraftLengthPolicy::draft_costs(double produced) const {
     // in between, past the longest measured one the cheapest draft time per token seen per position.
     std::vector<double> d((size_t) n_max_ + 1, 0.0);
     std::vector<int32_t> measured{0};
-    for (int32_t k = 1; k <= n_max_; ++k) {
-        if (known(draft_cost_, k)) {
-            measured.push_back(k);
-            d[(size_t) k] = draft_cost_[(size_t) k].mean();
-        }
-    }
+    take_measured(draft_cost_, d, measured);
     fill(d, measured, produced * std::max(0.0, draft_token_us_));
     return d;
+}
+
+void DraftLengthPolicy::take_measured(const std::vector<Cost> & table, std::vector<double> & t,
+                                      std::vector<int32_t> & measured) const {
+    for (int32_t i = 1; i < (int32_t) table.size(); ++i) {
+        if (known(table, i)) {
+            measured.push_back(i);
+            t[(size_t) i] = table[(size_t) i].mean();
+        }
+    }
 }
 
 void DraftLengthPolicy::fill(std::vector<double> & t, const std::vector<int32_t> & measured, double past) {
@@ -132,7 +132,6 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     const uint64_t it = iteration_++;
     const size_t n = ids.size();
     lengths.assign(n, 0);
-    for (int32_t id : ids) seqs_[(size_t) id].shadow = false;
     if (n == 0) return;
     // A sequence's first two steps are plain, each with a shadow draft (the first one also catches
     // the drafter up on the prompt, so it is not timed), and nothing is drafted before a plain step
@@ -156,7 +155,7 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     for (size_t i = 0; i < n; ++i) {
         const Seq & s = seqs_[(size_t) ids[i]];
         e[i] = tokens(s);
-        produced += (s.produced + 1.0) / (s.asked + 1.0) / (double) n;
+        produced += s.answered() / (double) n;
     }
     const std::vector<double> v = verify_costs(n_plain, produced);
     const std::vector<double> d = draft_costs(produced);
@@ -238,7 +237,7 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
         full_pays = full_pays || (double) (n_plain + j) / (d[(size_t) j] + v[(size_t) (n_plain + j)]) > best_rate;
     }
     const double budget = kShadowBudget * v[(size_t) n_plain] / n_plain;
-    const double row = catch_up_row_.recent.empty() ? 0.0 : catch_up_row_.mean();
+    const double row = catch_up_row_.mean();  // 0 until measured
     for (size_t i = 0; i < n; ++i) {
         Seq & s = seqs_[(size_t) ids[i]];
         if (lengths[i] > 0 || s.shadow) continue;
@@ -329,8 +328,7 @@ double DraftLengthPolicy::expected_tokens(int32_t k, int32_t seq) const {
 
 double DraftLengthPolicy::expected_us(int32_t k) const {
     k = std::clamp(k, 0, n_max_);
-    const Seq & s = seqs_[0];
-    const double produced = (s.produced + 1.0) / (s.asked + 1.0);
+    const double produced = seqs_[0].answered();
     const std::vector<double> v = verify_costs(1, produced);
     return v[(size_t) k + 1] > 0 ? draft_costs(produced)[(size_t) k] + v[(size_t) k + 1] : 0.0;
 }

@@ -68,6 +68,7 @@ private:
     struct Seq {
         std::vector<double> tried, accepted;  // per draft position, decayed counts
         double asked = 0, produced = 0;       // drafts asked for, and those the drafter produced (decayed)
+        double answered() const { return (produced + 1.0) / (asked + 1.0); }  // share answered (prior 1 of 1)
         uint64_t next_shadow = 0;             // the first step that may carry its next shadow draft
         uint64_t previous_shadow = 0;         // the step it last drafted (a shadow or a verify)
         uint32_t shadows = 0;                 // shadow drafts observed
@@ -80,6 +81,8 @@ private:
     // asks the drafter answers (scales the guesses for what was not measured)
     std::vector<double> verify_costs(int32_t n, double produced) const;
     std::vector<double> draft_costs(double produced) const;
+    // t[i] = table[i].mean() for every i >= 1 measured recently enough, appended to `measured`
+    void take_measured(const std::vector<Cost> & table, std::vector<double> & t, std::vector<int32_t> & measured) const;
     // fills the entries of t not measured: linear between measured ones, `past` a step after the last
     static void fill(std::vector<double> & t, const std::vector<int32_t> & measured, double past);
     void fade(Seq & s) const;               // one more drafting observation: older evidence counts less

@@ -729,9 +729,9 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
         }
     }
     shared_.sample_us += sample_us;
-    // the step's cost, by the rows it verified (a step with only shadow drafts is timed as a plain
-    // one: their drafting time is reported apart, above)
-    if (policy) policy->observe_step(rows_asked, k_max, k_max > 0 ? draft_us : 0.0, us_since(t_rest));
+    // the step's cost, by the rows it verified (a step with only shadow drafts, k_max 0, is timed as
+    // a plain one: their drafting time is reported apart, above)
+    if (policy) policy->observe_step(rows_asked, k_max, draft_us, us_since(t_rest));
     // publish; never waits for a reader
     for (SeqState * s : ready) {
         if (!s->retired) core.stats->fold(s->c().seq, s->delta, shared_, false);
