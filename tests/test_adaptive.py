@@ -214,15 +214,21 @@ def test_the_model_predicts_every_length_from_the_one_drafted(drafted: int) -> N
 # several sequences: one step verifies every sequence's drafts, and costs by the rows it verifies
 
 
-def batch_rate(lengths: list[int], ps: list[float]) -> float:
+def step_rows(lengths: list[int], equal: bool) -> int:
+    """The rows a step costs: each sequence's token and draft, or on a target that splits a batch
+    into equal-length pieces (recurrent and hybrid models) as if each verified the longest draft."""
+    return len(lengths) * (1 + max(lengths)) if equal else sum(k + 1 for k in lengths)
+
+
+def batch_rate(lengths: list[int], ps: list[float], equal: bool = False) -> float:
     """Expected tokens per microsecond of a step with these lengths at these acceptances."""
     tokens = sum(sum(p ** j for j in range(k + 1)) for k, p in zip(lengths, ps))
-    return tokens / (1.05 * cost(sum(k + 1 for k in lengths)) + DRAFT_US * max(lengths))
+    return tokens / (1.05 * cost(step_rows(lengths, equal)) + DRAFT_US * max(lengths))
 
 
-def drive_batch(ps: list[float], n: int = 400, seed: int = 1) -> list[list[int]]:
+def drive_batch(ps: list[float], n: int = 400, seed: int = 1, equal: bool = False) -> list[list[int]]:
     rng = random.Random(seed)
-    policy = _native.DraftLengthPolicy(N_MAX, 0, len(ps))
+    policy = _native.DraftLengthPolicy(N_MAX, 0, len(ps), equal_lengths=equal)
     seqs = list(range(len(ps)))
     chosen = []
     for _ in range(n):
@@ -235,7 +241,7 @@ def drive_batch(ps: list[float], n: int = 400, seed: int = 1) -> list[list[int]]
             while a < k and rng.random() < p:
                 a += 1
             policy.observe_draft(seq, k, k, a)
-        rows = sum(k + 1 for k in lengths)
+        rows = step_rows(lengths, equal)
         policy.observe_step(rows, max(lengths), DRAFT_US * max(lengths),
                             cost(rows) * rng.uniform(0.9, 1.2))
     return chosen
@@ -260,6 +266,19 @@ def test_several_sequences_run_at_least_as_fast_as_the_best_fixed_length(ps: lis
     rate = sum(batch_rate(k, ps) for k in tail) / len(tail)
     best_fixed = max(batch_rate([k] * len(ps), ps) for k in range(N_MAX + 1))
     assert rate / best_fixed > (0.98 if len(set(ps)) > 1 else 0.95), (rate / best_fixed, tail[:5])
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+@pytest.mark.parametrize("ps", [[0.95, 0.8, 0.6, 0.3], [0.8, 0.8, 0.8, 0.8]])
+def test_a_target_that_splits_ragged_batches_gets_one_length_for_all(ps: list[float], seed: int) -> None:
+    # a hybrid target runs a batch whose sequences verify different numbers of rows as several
+    # passes: a step costs as if each sequence verified the longest draft, so the policy gives every
+    # sequence that length (their extra rows are free) and matches the best fixed length
+    tail = drive_batch(ps, seed=seed, equal=True)[100:]
+    assert sum(len(set(k)) == 1 for k in tail) / len(tail) > 0.9, tail[:5]
+    rate = sum(batch_rate(k, ps, equal=True) for k in tail) / len(tail)
+    best_fixed = max(batch_rate([k] * len(ps), ps, equal=True) for k in range(N_MAX + 1))
+    assert rate / best_fixed > 0.97, (rate / best_fixed, tail[:5])
 
 
 def test_policy_sequence_ids_are_checked() -> None:

@@ -6,7 +6,7 @@
 
 namespace llamaspec {
 
-// The six constants of the policy; ADR 0009 gives the experiment behind each.
+// The seven constants of the policy; ADR 0009 gives the experiment behind each.
 namespace {
 constexpr double kDecay = 0.97;          // acceptance evidence fades by this per drafting observation
                                          // (a window of ~33 verifies)
@@ -16,6 +16,8 @@ constexpr double kSlopeGuess = 0.25;     // a verify's extra row, until measured
 constexpr double kShadowBudget = 0.01;   // watching (shadow drafts) costs at most 1% of plain decoding...
 constexpr uint64_t kLookMax = 32;        // ...but come at least every 32 plain steps while drafting could
                                          // pay; also every 32nd drafting step measures a neighbour
+constexpr double kLookMargin = 0.1;      // every 32nd plain step drafts when that is estimated within 10%
+                                         // of plain (the spread of a cost's measurements here)
 constexpr uint64_t kForget = 512;        // a cost not measured for 512 steps is estimated again
                                          // (measured during a slow spell, it would keep a good
                                          // length out for good)
@@ -40,15 +42,15 @@ void DraftLengthPolicy::Cost::add(double us, uint64_t iteration) {
 }
 
 double DraftLengthPolicy::Cost::mean() const {
-    if (recent.empty()) return 0;
+    if (recent.size() < 2) return 0;  // not yet known: one measurement may be a preempted step
     const double sum = std::accumulate(recent.begin(), recent.end(), 0.0);
     if (recent.size() < 3) return sum / (double) recent.size();
     return (sum - *std::max_element(recent.begin(), recent.end())) / (double) (recent.size() - 1);
 }
 
-DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq)
+DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq, bool equal_lengths)
     : n_max_(std::max(1, n_max)), n_min_(std::clamp(n_min, 1, std::max(1, n_max))),
-      n_rows_(std::max(1, n_seq) * (n_max_ + 1)), seqs_((size_t) std::max(1, n_seq)), cost_((size_t) n_rows_ + 1),
+      n_rows_(std::max(1, n_seq) * (n_max_ + 1)), equal_lengths_(equal_lengths), seqs_((size_t) std::max(1, n_seq)), cost_((size_t) n_rows_ + 1),
       draft_cost_((size_t) n_max_ + 1) {
     for (Seq & s : seqs_) {
         s.tried.assign((size_t) n_max_, 0.0);
@@ -58,7 +60,7 @@ DraftLengthPolicy::DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq
 
 bool DraftLengthPolicy::known(const std::vector<Cost> & table, int32_t i) const {
     const Cost & c = table[(size_t) i];
-    return !c.recent.empty() && iteration_ - c.at <= kForget;
+    return c.recent.size() >= 2 && iteration_ - c.at <= kForget;
 }
 
 std::vector<double> DraftLengthPolicy::tokens(const Seq & s) const {
@@ -143,7 +145,8 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     const int32_t n_plain = (int32_t) n;
     if (!known(cost_, n_plain)) return;
 
-    // The most tokens per second for the step: (sum of E_s(k_s)) / (D(max k_s) + V(n + sum k_s)).
+    // The most tokens per second for the step: (sum of E_s(k_s)) / (D(max k_s) + V(n + sum k_s)),
+    // or with equal lengths V(n * (1 + max k_s)).
     // For a cap K on every length, the best split of a number of draft tokens gives each next token
     // to the sequence whose next position adds the most expected tokens (E_s grows by less with
     // every position, so this is exact up to n_min); every cap and every number of tokens is tried.
@@ -189,25 +192,33 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
             longest = std::max(longest, k[pick]);
             expected += pick_gain * pick_rows;
             picks.emplace_back(pick, pick_rows);
-            rates.push_back(expected / (d[(size_t) longest] + v[(size_t) rows]));
+            rates.push_back(expected / (d[(size_t) longest] + v[(size_t) this->rows(n_plain, rows, longest)]));
         }
     };
     const double plain_rate = (double) n / v[(size_t) n_plain];
-    double best_rate = plain_rate;
+    double draft_rate = 0;  // the best step with a draft
     int32_t best_cap = 0;
     size_t best_n = 0;
     std::vector<double> rates;
     for (int32_t cap = n_min_; cap <= n_max_; ++cap) {
         split(cap, rates);
         for (size_t p = 0; p < rates.size(); ++p) {
-            if (rates[p] > best_rate) {  // ties go to the shorter cap and fewer drafts
-                best_rate = rates[p];
+            if (rates[p] > draft_rate) {  // ties go to the shorter cap and fewer drafts
+                draft_rate = rates[p];
                 best_cap = cap;
                 best_n = p + 1;
             }
         }
     }
-    if (best_n > 0) {
+    const double best_rate = std::max(plain_rate, draft_rate);
+    if (draft_rate <= plain_rate && best_n > 0) {
+        // plain is best; but every kLookMax-th such step takes the best step with a draft when its
+        // estimate is within kLookMargin of plain (at most 0.3% of plain decoding): near break-even,
+        // one slow measurement of a drafting step would otherwise keep drafting out until forgotten
+        const bool look = ++plain_steps_ % kLookMax == 0 && draft_rate >= plain_rate * (1.0 - kLookMargin);
+        if (look) split(best_cap, rates);
+        else best_n = 0;
+    } else if (best_n > 0) {
         split(best_cap, rates);
         if (++drafting_steps_ % kLookMax == 0) {
             // every kLookMax-th drafting step measures a neighbour instead, one draft token more and
@@ -221,8 +232,8 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
             else if (less >= 1) best_n = less;
             else if (more <= picks.size()) best_n = more;
         }
-        for (size_t p = 0; p < best_n; ++p) lengths[picks[p].first] += picks[p].second;
     }
+    for (size_t p = 0; p < best_n; ++p) lengths[picks[p].first] += picks[p].second;
 
     // Plain sequences learn acceptance from shadow drafts only. They matter only if a draft would pay
     // were everything accepted: a draft model as slow as its target never would, and then it is not
@@ -233,8 +244,9 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     // kShadowBudget of a plain step, and no gap can when c alone exceeds it: then the drafter is left
     // idle for that sequence.
     bool full_pays = false;
-    for (int32_t j = n_min_; j <= n_max_ && n_plain + j <= n_rows_; ++j) {
-        full_pays = full_pays || (double) (n_plain + j) / (d[(size_t) j] + v[(size_t) (n_plain + j)]) > best_rate;
+    for (int32_t j = n_min_; j <= n_max_; ++j) {  // every sequence drafting j, all accepted
+        const int32_t r = n_plain * (1 + j);
+        full_pays = full_pays || (double) r / (d[(size_t) j] + v[(size_t) r]) > best_rate;
     }
     const double budget = kShadowBudget * v[(size_t) n_plain] / n_plain;
     const double row = catch_up_row_.mean();  // 0 until measured

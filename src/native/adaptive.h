@@ -17,8 +17,11 @@ class DraftLengthPolicy {
 public:
     // n_max: the longest draft it may choose (sizes everything); n_min: shorter non-zero drafts are
     // dropped by the drafter anyway, so each length is 0 or within [max(1, n_min), n_max]; n_seq:
-    // the session's sequences (ids 0 .. n_seq-1).
-    DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq = 1);
+    // the session's sequences (ids 0 .. n_seq-1); equal_lengths: the target splits a batch into
+    // equal-length pieces (recurrent and hybrid models: a batch where sequences verify different
+    // numbers of rows runs as several passes), so a step costs as if every sequence verified the
+    // longest draft, and rows are counted that way.
+    DraftLengthPolicy(int32_t n_max, int32_t n_min, int32_t n_seq = 1, bool equal_lengths = false);
 
     // The lengths for one step: lengths[i] for seqs[i] (each id once), 0 being a plain step; then
     // shadow(seq) tells whether a sequence's plain step carries a shadow draft: the drafter
@@ -29,6 +32,12 @@ public:
     bool shadow(int32_t seq) const;
     int32_t shadow_length() const { return n_min_; }
     int32_t n_seq() const { return (int32_t) seqs_.size(); }
+    bool equal_lengths() const { return equal_lengths_; }
+    // the rows a step is filed under: each sequence's token plus its draft, or with equal lengths
+    // n_seqs * (1 + the longest draft)
+    int32_t rows(int32_t n_seqs, int32_t rows_asked, int32_t k_max) const {
+        return equal_lengths_ ? n_seqs * (1 + k_max) : rows_asked;
+    }
 
     // What the step did, per sequence: a shadow draft (whether the drafter produced a token, whether
     // it equals the token the plain step sampled, the drafter's time in microseconds, or < 0 when
@@ -36,7 +45,7 @@ public:
     // (the length asked for, the drafts produced, how many the target accepted)...
     void observe_shadow(int32_t seq, bool drafted, bool accepted, double draft_us);
     void observe_draft(int32_t seq, int32_t n_requested, int32_t n_drafted, int32_t n_accepted);
-    // ...and as a whole: the rows it verified (each sequence's token plus the drafts asked for), the
+    // ...and as a whole: the rows it verified (rows(): each sequence's token plus the drafts asked for), the
     // longest draft asked for (0: none; shadow drafts do not count, their time is reported apart),
     // the time spent drafting and in the rest of the step (verify, bookkeeping, sampling, emission).
     void observe_step(int32_t rows, int32_t k_max, double draft_us, double rest_us);
@@ -89,6 +98,7 @@ private:
     void note_draft_time(double per_token_us);  // a drafted token's time, past its warm-up
 
     int32_t n_max_, n_min_, n_rows_;        // n_rows_: the most rows a step verifies
+    bool equal_lengths_;
     std::vector<Seq> seqs_;
     std::vector<Cost> cost_;                // V(rows): a step's time after drafting, by rows verified
     std::vector<Cost> draft_cost_;          // D(k): a step's drafting time, by its longest draft
@@ -96,6 +106,7 @@ private:
     double draft_token_us_ = -1;            // the cheapest draft time per drafted token seen (-1: none)
     uint64_t iteration_ = 0;                // steps chosen
     uint64_t drafting_steps_ = 0;           // steps chosen with a draft
+    uint64_t plain_steps_ = 0;              // steps where plain was best, and a draft was possible
 };
 
 }  // namespace llamaspec

@@ -622,6 +622,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     // what the policy is told of the step as a whole: the rows asked for, the longest draft made,
     // and how many sequences shared the drafter's time for their shadow drafts
     int32_t rows_asked = 0, k_max = 0, n_shadows = 0;
+    const size_t n_verified = ready.size();
     for (SeqState * s : ready) {
         rows_asked += 1 + s->n_max;
         k_max = std::max(k_max, s->n_max);
@@ -731,7 +732,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     shared_.sample_us += sample_us;
     // the step's cost, by the rows it verified (a step with only shadow drafts, k_max 0, is timed as
     // a plain one: their drafting time is reported apart, above)
-    if (policy) policy->observe_step(rows_asked, k_max, draft_us, us_since(t_rest));
+    if (policy) policy->observe_step(policy->rows((int32_t) n_verified, rows_asked, k_max), k_max, draft_us, us_since(t_rest));
     // publish; never waits for a reader
     for (SeqState * s : ready) {
         if (!s->retired) core.stats->fold(s->c().seq, s->delta, shared_, false);

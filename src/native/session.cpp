@@ -413,7 +413,10 @@ std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_con
         core->stage_names.push_back(common_speculative_type_to_str(st.type));
     }
     core->stats = std::make_unique<SpecStatsBox>((size_t) n_draft, core->stage_types.size(), (size_t) n_seq);
-    if (config.adaptive) core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min, n_seq);
+    if (config.adaptive) {
+        // a recurrent or hybrid target splits a batch into pieces where every sequence has as many rows
+        core->policy = std::make_unique<DraftLengthPolicy>(n_draft, config.n_draft_min, n_seq, needs_rollback(*model));
+    }
     return from_core(std::move(core));
 }
 
@@ -593,7 +596,8 @@ void register_session(nb::module_ & m) {
 
     nb::class_<DraftLengthPolicy>(m, "DraftLengthPolicy",
                                   "The adaptive draft-length policy (n_draft='auto'), exposed for tests.")
-        .def(nb::init<int32_t, int32_t, int32_t>(), nb::arg("n_max"), nb::arg("n_min") = 0, nb::arg("n_seq") = 1)
+        .def(nb::init<int32_t, int32_t, int32_t, bool>(), nb::arg("n_max"), nb::arg("n_min") = 0, nb::arg("n_seq") = 1,
+             nb::arg("equal_lengths") = false)
         .def("choose", nb::overload_cast<>(&DraftLengthPolicy::choose),
              "Sequence 0 alone: the draft length for its next verify.")
         .def("observe", &DraftLengthPolicy::observe, nb::arg("n_requested"), nb::arg("n_drafted"),
