@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -67,15 +69,30 @@ def stream(console: Console, label: str, session: llamaspec.Generator | llamaspe
     return done
 
 
+def n_draft_arg(value: str) -> int | Literal["auto"]:
+    return "auto" if value == "auto" else int(value)
+
+
 def fixture_demo(console: Console, args: argparse.Namespace) -> None:
     from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
     cache = Path(os.environ.get("LLAMASPEC_CACHE_DIR", Path.home() / ".cache" / "llamaspec")) / "fixtures"
     cache.mkdir(parents=True, exist_ok=True)
-    table = Table(title=f"plain vs MTP (n_draft={args.n_draft}, {args.tokens} tokens, greedy, "
-                        f"{args.threads} thread(s)) on the speed fixture")
-    for col in ("built for", "plain tok/s", "MTP tok/s", "speed-up", "acceptance", "mean acc. length"):
-        table.add_column(col, justify="right")
+    # MTP as a user gets it without setting anything (n_draft="auto"), and at a fixed length; every
+    # session first generates one untimed call of the same length (the default learns from it), then
+    # the sessions take turns, --runs times, and the table shows each one's median
+    first = "default" if args.n_draft == "auto" else f"fixed {args.n_draft}"
+    lengths: dict[str, int | Literal["auto"]] = {first: args.n_draft}
+    if args.fixed:
+        lengths[f"fixed {args.fixed}"] = args.fixed
+    table = Table(title=f"tok/s on the speed fixture: plain vs MTP ({args.tokens} tokens, greedy, "
+                        f"{args.threads} thread(s), median of {args.runs} runs after a warm-up call)")
+    table.add_column("level", justify="right")
+    table.add_column("plain", justify="right")
+    for label in lengths:
+        table.add_column(label, justify="right")
+        table.add_column("x plain", justify="right")
+        table.add_column("acc/len", justify="right")
     for level, wrong in LEVELS.items():
         path = cache / f"speed-mtp-{wrong}.gguf"
         info = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=wrong) if not path.exists() else None
@@ -88,18 +105,36 @@ def fixture_demo(console: Console, args: argparse.Namespace) -> None:
                 cycle = info.cycle
             prompt = model.detokenize(cycle[:8])
             console.rule(f"acceptance built for: {level}")
-            with llamaspec.Generator(model, n_ctx=1024, n_threads=args.threads) as gen:
-                gen.generate(prompt, 8, temperature=0)  # warm-up
-                plain = stream(console, "plain", gen, prompt, args.tokens, False, temperature=0)
-            with llamaspec.MTP(model, n_draft=args.n_draft, n_ctx=1024, n_threads=args.threads) as mtp:
-                mtp.generate(prompt, 8, temperature=0)
-                mtp.reset_stats()
-                spec = stream(console, "MTP", mtp, prompt, args.tokens, False, temperature=0)
-                st = mtp.stats()
-        table.add_row(level, f"{plain.tokens_per_second:.1f}", f"{spec.tokens_per_second:.1f}",
-                      f"{spec.tokens_per_second / plain.tokens_per_second:.2f}x",
-                      f"{100 * st.acceptance_rate:.1f}%", f"{st.mean_accepted_length:.2f}")
+            sessions: dict[str, llamaspec.Generator | llamaspec.Speculative] = {
+                "plain": llamaspec.Generator(model, n_ctx=1024, n_threads=args.threads)}
+            for label, n_draft in lengths.items():
+                sessions[label] = llamaspec.MTP(model, n_draft=n_draft, n_ctx=1024, n_threads=args.threads)
+            rates: dict[str, list[float]] = {label: [] for label in sessions}
+            try:
+                for session in sessions.values():
+                    session.generate(prompt, args.tokens, temperature=0)  # warm-up (what "auto" learns from)
+                    if isinstance(session, llamaspec.Speculative):
+                        session.reset_stats()
+                for _ in range(args.runs):
+                    for label, session in sessions.items():
+                        done = stream(console, f"MTP {label}" if label != "plain" else label, session, prompt,
+                                      args.tokens, False, temperature=0)
+                        rates[label].append(done.tokens_per_second)
+                plain = statistics.median(rates["plain"])
+                row = [level, f"{plain:.1f}"]
+                for label in lengths:
+                    rate = statistics.median(rates[label])
+                    st = sessions[label].stats()
+                    row += [f"{rate:.1f}", f"{rate / plain:.2f}x",
+                            f"{100 * st.acceptance_rate:.0f}%/{st.mean_draft_length:.1f}"]
+                table.add_row(*row)
+            finally:
+                for session in sessions.values():
+                    session.close()
     console.print(table)
+    console.print("fixed k: n_draft=k. acc/len: the share of drafted tokens accepted / draft tokens per verify "
+                  "(0: every step was plain). The default chooses each verify's length from what it measures "
+                  "(ADR 0009).")
 
 
 def model_demo(console: Console, args: argparse.Namespace) -> None:
@@ -124,8 +159,12 @@ def main() -> None:
                     help="speculative method(s) for --model: mtp, draft, eagle3, dflash, dspark, ngram-mod, ... "
                          "(several: a chain)")
     ap.add_argument("--draft-model", help="the draft model / drafter head for --method draft, eagle3, dflash, dspark")
-    ap.add_argument("--n-draft", type=int, default=3)
+    ap.add_argument("--n-draft", type=n_draft_arg, default="auto",
+                    help='draft length per verify, or "auto" (the default: chosen per verify)')
+    ap.add_argument("--fixed", type=int, default=3,
+                    help="also run MTP at this fixed draft length for comparison (0: do not)")
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per session on the fixtures (medians)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--temperature", type=float, default=0.0)

@@ -393,6 +393,25 @@ def test_auto_options_are_checked(fx: llamaspec.Model) -> None:
 
 
 @pytest.mark.fixture
+def test_auto_is_the_default_and_lossless(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
+    # a session built without n_draft chooses its lengths, up to its method's default maximum, and
+    # its output is plain decoding's, greedy and seeded
+    info = fx_mtp_levels["74"]
+    with llamaspec.Model(info.path) as m, llamaspec.Generator(m, n_ctx=512, n_threads=1) as plain, \
+            MTP(m, n_ctx=512, n_threads=1) as mtp, \
+            Speculative(m, method=["ngram-mod", "mtp"], n_ctx=512, n_threads=1) as chain:
+        assert mtp.n_draft == "auto" and mtp.n_draft_max == llamaspec.DEFAULT_N_DRAFT_MAX["draft-mtp"]
+        assert chain.n_draft == "auto" and chain.n_draft_max == max(
+            llamaspec.DEFAULT_N_DRAFT_MAX[x] for x in ("ngram-mod", "draft-mtp"))
+        prompt = m.detokenize(info.cycle[:8])
+        kw = dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+        for session in (mtp, chain):
+            assert session.generate(prompt, 200, temperature=0) == plain.generate(prompt, 200, temperature=0)
+            assert session.generate(prompt, 120, **kw) == plain.generate(prompt, 120, **kw)
+            assert session.stats().adaptive
+
+
+@pytest.mark.fixture
 def test_plain_steps_do_not_decode_the_mtp_head(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
     """Patch 0005: the MTP head's catch-up decode is deferred to the next draft, so an auto session
     at 0% (plain steps, shadow drafts now and then) decodes on its MTP context about twice per

@@ -124,8 +124,9 @@ def test_draft_model_from_path_and_p_min(target: llamaspec.Model, draft_levels: 
     with llamaspec.Generator(target, n_ctx=256, n_threads=1) as plain:
         want = greedy(plain, "abc", 60)
     # a path: loaded with draft_options, owned (closed) by the session
+    # a fixed length: the default ("auto") may find that this draft model does not pay on this machine
     with Speculative(target, method="draft-simple", draft_model=info.path, draft_options={"use_mmap": False},
-                     n_ctx=256, n_threads=1) as spec:
+                     n_draft=3, n_ctx=256, n_threads=1) as spec:
         owned = spec.draft_model
         assert owned is not None and owned.path == info.path
         assert greedy(spec, "abc", 60) == want

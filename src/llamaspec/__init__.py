@@ -27,7 +27,7 @@ from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgres
 from .generator import Generator
 from .model import Model
 from .ngram import ngram_cache_create
-from .speculative import METHODS, MTP, Speculative
+from .speculative import DEFAULT_N_DRAFT_MAX, METHODS, MTP, Speculative
 from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats, StageStats
 
 __version__ = "0.1.0"
@@ -39,6 +39,7 @@ __all__ = [
     "Speculative",
     "MTP",
     "METHODS",
+    "DEFAULT_N_DRAFT_MAX",
     "PromptCacheInfo",
     "PromptCacheRamInfo",
     "SpecStats",

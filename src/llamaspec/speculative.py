@@ -24,7 +24,11 @@ from ._session import _StreamingSession
 from .errors import DraftModelRequiredError, InvalidOptionError, UnsupportedModelError
 from .model import Model
 
-__all__ = ["Speculative", "MTP", "METHODS", "METHOD_ALIASES"]
+__all__ = ["Speculative", "MTP", "METHODS", "METHOD_ALIASES", "DEFAULT_N_DRAFT_MAX"]
+
+#: The longest draft ``n_draft="auto"`` may choose when ``n_draft_max`` is not given, per method
+#: (upstream names). It only bounds the choice; the policy drafts shorter where that pays (ADR 0009).
+DEFAULT_N_DRAFT_MAX: dict[str, int] = {m: 8 for m in METHODS}
 
 class Speculative(_StreamingSession):
     """Speculative decoding with any drafter upstream llama.cpp implements, alone or chained.
@@ -59,7 +63,7 @@ class Speculative(_StreamingSession):
         model: Model,
         *,
         method: str | Sequence[str],
-        n_draft: int | Literal["auto"] = 3,
+        n_draft: int | Literal["auto"] = "auto",
         n_draft_max: int | None = None,
         n_draft_min: int = 0,
         p_min: float = 0.0,
@@ -81,12 +85,13 @@ class Speculative(_StreamingSession):
             model: the target model. For "mtp" it must carry MTP layers and be loaded with
                 ``load_mtp=True`` (the default).
             method: a method name or a list of names (chained stages); see the class docstring.
-            n_draft: maximum draft tokens per verify, for every stage (>= 1), or "auto": the
-                session chooses the length for each verify, up to ``n_draft_max``, from the
-                acceptance it observes and the draft and verify costs it measures, down to 0 (plain
-                decoding) when drafting does not pay (ADR 0009). It also sets how far the target's
-                recurrent state can be rolled back (hybrid models).
-            n_draft_max: with ``n_draft="auto"``, the longest draft (default 8); it sizes the
+            n_draft: "auto" (the default): the session chooses the length for each verify, up to
+                ``n_draft_max``, from the acceptance it observes and the draft and verify costs it
+                measures, down to 0 (plain decoding) when drafting does not pay (ADR 0009); or a
+                fixed maximum of draft tokens per verify, for every stage (>= 1). It also sets how
+                far the target's recurrent state can be rolled back (hybrid models).
+            n_draft_max: with ``n_draft="auto"``, the longest draft (default
+                ``DEFAULT_N_DRAFT_MAX`` of the method, the largest among chained stages); it sizes the
                 rollback snapshots, output rows and per-position statistics. With an int n_draft,
                 None or equal to it.
             n_draft_min: drafts shorter than this are dropped (draft models and ngram-mod), in
@@ -127,7 +132,8 @@ class Speculative(_StreamingSession):
         methods = normalize_methods(method)
         adaptive = n_draft == "auto"
         if adaptive:
-            n_draft = int_option("n_draft_max", 8 if n_draft_max is None else n_draft_max, 1, 1 << 12)
+            cap = max(DEFAULT_N_DRAFT_MAX[m] for m in methods) if n_draft_max is None else n_draft_max
+            n_draft = int_option("n_draft_max", cap, 1, 1 << 12)
         else:
             n_draft = int_option("n_draft", n_draft, 1, 1 << 12)
             if n_draft_max is not None and n_draft_max != n_draft:
@@ -243,19 +249,20 @@ class MTP(Speculative):
 
     Example:
         >>> model = llamaspec.Model("Qwen3.6-35B-A3B-MTP-Q4_K_M.gguf")
-        >>> with llamaspec.MTP(model, n_draft=3, n_ctx=8192) as mtp:
+        >>> with llamaspec.MTP(model, n_ctx=8192) as mtp:
         ...     for piece in mtp.stream("Write a haiku about the sea:", max_tokens=200):
         ...         print(piece, end="")
         ...     print(mtp.stats().acceptance_rate)
     """
 
-    def __init__(self, model: Model, *, n_draft: int | Literal["auto"] = 3, n_ctx: int = 2048,
+    def __init__(self, model: Model, *, n_draft: int | Literal["auto"] = "auto", n_ctx: int = 2048,
                  **options: Any) -> None:
         """Build the target context, the MTP draft context and the speculative state.
 
         Args:
             model: a model whose file carries MTP layers, loaded with ``load_mtp=True`` (the default).
-            n_draft: maximum draft tokens per verify (>= 1), or "auto" (see Speculative).
+            n_draft: "auto" (the default: chosen per verify, see Speculative) or a fixed maximum of
+                draft tokens per verify (>= 1).
             n_ctx: context size for both contexts.
             **options: other context options (see Context), applied to both contexts, and
                 Speculative's n_draft_max / n_draft_min / p_min.

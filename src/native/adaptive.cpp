@@ -213,11 +213,23 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     const double best_rate = std::max(plain_rate, draft_rate);
     if (draft_rate <= plain_rate && best_n > 0) {
         // plain is best; but every kLookMax-th such step takes the best step with a draft when its
-        // estimate is within kLookMargin of plain (at most 0.3% of plain decoding): near break-even,
-        // one slow measurement of a drafting step would otherwise keep drafting out until forgotten
-        const bool look = ++plain_steps_ % kLookMax == 0 && draft_rate >= plain_rate * (1.0 - kLookMargin);
-        if (look) split(best_cap, rates);
-        else best_n = 0;
+        // estimate is within kLookMargin of plain (at most 0.3% of plain decoding) and its cost was
+        // measured: near break-even, one slow measurement of a drafting step would otherwise keep
+        // drafting out until forgotten (a cost not measured is a guess, which the choice already
+        // follows)
+        bool look = ++plain_steps_ % kLookMax == 0 && draft_rate >= plain_rate * (1.0 - kLookMargin);
+        if (look) {
+            split(best_cap, rates);
+            int32_t rows_asked = n_plain, longest = 0;
+            std::vector<int32_t> kk(n, 0);
+            for (size_t p = 0; p < best_n; ++p) {
+                kk[picks[p].first] += picks[p].second;
+                rows_asked += picks[p].second;
+                longest = std::max(longest, kk[picks[p].first]);
+            }
+            look = known(cost_, rows(n_plain, rows_asked, longest));
+        }
+        if (!look) best_n = 0;
     } else if (best_n > 0) {
         split(best_cap, rates);
         if (++drafting_steps_ % kLookMax == 0) {

@@ -42,7 +42,7 @@ class ServerConfig:
     n_gpu_layers: int = 0
     method: str | None = None  # None: "mtp" when the model has MTP layers, else plain
     draft_model: str | None = None
-    n_draft: int | Literal["auto"] = 3
+    n_draft: int | Literal["auto"] = "auto"
     n_draft_min: int = 0
     p_min: float = 0.0
     chat_template_file: str | None = None
@@ -211,8 +211,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--spec-draft-n-max",
         dest="n_draft",
         type=_n_draft,
-        default=3,
-        help="longest draft per verify, or 'auto' (default 3)",
+        default="auto",
+        help="draft length per verify: 'auto' (the default: chosen per verify from measured acceptance and "
+        "costs, plain decoding when drafting does not pay) or a fixed longest draft",
     )
     spec.add_argument(
         "--draft-min",
