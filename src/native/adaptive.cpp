@@ -164,10 +164,12 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
     const std::vector<double> d = draft_costs(produced);
     std::vector<int32_t> k;
     std::vector<std::pair<size_t, int32_t>> picks;  // (sequence, rows added), in order
+    std::vector<int32_t> charged;                   // the rows the step is filed under, after each pick
     // the greedy split under cap K: the picks and the rate after each; the best prefix
     auto split = [&](int32_t cap, std::vector<double> & rates) {
         k.assign(n, 0);
         picks.clear();
+        charged.clear();
         rates.clear();
         double expected = (double) n;
         int32_t rows = n_plain, longest = 0;
@@ -192,7 +194,8 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
             longest = std::max(longest, k[pick]);
             expected += pick_gain * pick_rows;
             picks.emplace_back(pick, pick_rows);
-            rates.push_back(expected / (d[(size_t) longest] + v[(size_t) this->rows(n_plain, rows, longest)]));
+            charged.push_back(this->rows(n_plain, rows, longest));
+            rates.push_back(expected / (d[(size_t) longest] + v[(size_t) charged.back()]));
         }
     };
     const double plain_rate = (double) n / v[(size_t) n_plain];
@@ -220,14 +223,7 @@ void DraftLengthPolicy::choose(const std::vector<int32_t> & ids, std::vector<int
         bool look = ++plain_steps_ % kLookMax == 0 && draft_rate >= plain_rate * (1.0 - kLookMargin);
         if (look) {
             split(best_cap, rates);
-            int32_t rows_asked = n_plain, longest = 0;
-            std::vector<int32_t> kk(n, 0);
-            for (size_t p = 0; p < best_n; ++p) {
-                kk[picks[p].first] += picks[p].second;
-                rows_asked += picks[p].second;
-                longest = std::max(longest, kk[picks[p].first]);
-            }
-            look = known(cost_, rows(n_plain, rows_asked, longest));
+            look = known(cost_, charged[best_n - 1]);
         }
         if (!look) best_n = 0;
     } else if (best_n > 0) {

@@ -32,7 +32,6 @@ public:
     bool shadow(int32_t seq) const;
     int32_t shadow_length() const { return n_min_; }
     int32_t n_seq() const { return (int32_t) seqs_.size(); }
-    bool equal_lengths() const { return equal_lengths_; }
     // the rows a step is filed under: each sequence's token plus its draft, or with equal lengths
     // n_seqs * (1 + the longest draft)
     int32_t rows(int32_t n_seqs, int32_t rows_asked, int32_t k_max) const {
