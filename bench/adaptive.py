@@ -2,6 +2,9 @@
 
 Cases:
   MTP on the speed fixture built for 100%, ~75% (n_draft 3) and 0% acceptance (the cycle prompt);
+  changing (not in the default --cases): MTP on the speed fixture whose cycle of 95 tokens has three
+  stretches: 32 tokens at 100% acceptance, 32 at 0%, 31 at ~75% (every 7th draft wrong), so the
+  acceptance changes every ~32 tokens as the output walks the cycle;
   ngram-mod on SmolLM2 with a mixed text: a prompt that asks to repeat a list (drafting pays while
   the list is copied), then free text once the list is done;
   self-draft (not in the default --cases): SmolLM2 drafting for itself, the same prompt: every draft
@@ -12,7 +15,7 @@ auto's acceptance and mean chosen length come from Speculative.stats(). Like eac
 is one session, created once: its first (untimed, learning from nothing) call is reported apart.
 
 Usage: python bench/adaptive.py [--runs 5] [--threads 1] [--tokens 256] [--lengths 0 1 2 3 4 5 6 7 8]
-       [--cases 100% ~75% 0% mixed self-draft]
+       [--cases 100% ~75% 0% changing mixed self-draft]
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ MIXED = (
 )
 
 
-def mtp_fixture(directory: Path, wrong: float) -> tuple[FixtureInfo, str]:
-    """The MTP speed fixture with mtp_wrong_fraction ``wrong`` (written into ``directory``) and the
-    prompt the adaptive benches use on it: the first 8 tokens of its cycle, as text."""
+CHANGING = [*range(32, 64), *range(64, 95, 7)]  # cycle positions whose MTP draft is wrong
+
+
+def mtp_fixture(directory: Path, wrong: float | list[int]) -> tuple[FixtureInfo, str]:
+    """The MTP speed fixture with mtp_wrong_fraction ``wrong`` (or, given a list, those cycle
+    positions wrong; written into ``directory``) and the prompt the adaptive benches use on it: the
+    first 8 tokens of its cycle, as text."""
     directory.mkdir(parents=True, exist_ok=True)
-    info = write_qwen35_fixture(directory / f"speed-mtp-{wrong}.gguf", spec=SPEED, mtp_wrong_fraction=wrong)
+    if isinstance(wrong, list):
+        info = write_qwen35_fixture(directory / "speed-mtp-changing.gguf", spec=SPEED, mtp_wrong_positions=wrong)
+    else:
+        info = write_qwen35_fixture(directory / f"speed-mtp-{wrong}.gguf", spec=SPEED, mtp_wrong_fraction=wrong)
     with llamaspec.Model(info.path, vocab_only=True) as vm:
         return info, vm.detokenize(info.cycle[:8])
 
@@ -54,6 +64,9 @@ def cases(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, Any]]
         if level in args.cases:
             info, prompt = mtp_fixture(args.fixtures, wrong)
             out.append((level, info.path, prompt, {"method": "mtp"}))
+    if "changing" in args.cases:
+        info, prompt = mtp_fixture(args.fixtures, CHANGING)
+        out.append(("changing", info.path, prompt, {"method": "mtp"}))
     if "mixed" in args.cases:
         out.append(("mixed", smollm2(), MIXED, {"method": "ngram-mod", "ngram_options": {"n_match": 8}}))
     if "self-draft" in args.cases:  # a drafter as dear as its target: it cannot pay, whatever it accepts
@@ -113,7 +126,8 @@ def main() -> None:
 
     lines = [
         f"greedy, {args.tokens} tokens, medians of {args.runs} runs (every length measured back to back in each run); "
-        f"MTP cases: qwen35 speed fixture ({SPEED.n_trunk} layers, n_embd {SPEED.n_embd}); mixed: SmolLM2-135M "
+        f"MTP cases: qwen35 speed fixture ({SPEED.n_trunk} layers, n_embd {SPEED.n_embd}; changing: "
+        "32 cycle tokens at 100%, 32 at 0%, 31 at ~75%); mixed: SmolLM2-135M "
         "Q4_1, ngram-mod (n_match 8), a copy-a-list-then-write prompt. Length 0 = plain decoding.",
         "",
         "| case | threads | " + " | ".join(f"n_draft {k}" for k in args.lengths) + " | **auto** | best fixed "

@@ -30,14 +30,14 @@ from mtp_speed import ours_rate  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-BEST_FIXED = {"100%": 8, "~75%": 5, "0%": 0, "mixed": 7, "self-draft": 0}  # bench/adaptive.py's best fixed lengths (1 thread)
+BEST_FIXED = {"100%": 8, "~75%": 5, "0%": 0, "changing": 0, "mixed": 7, "self-draft": 0}  # bench/adaptive.py's best fixed lengths (1 thread)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--case", default="~75%", choices=[*LEVELS, "mixed", "self-draft"])
+    ap.add_argument("--case", default="~75%", choices=[*LEVELS, "changing", "mixed", "self-draft"])
     ap.add_argument("--fixed", type=int, default=None, help="the fixed length (default: the case's best)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
