@@ -66,9 +66,16 @@ __all__ = [
     "IncompatibleVocabError",
     "DraftModelRequiredError",
     "system_info",
+    "backends",
 ]
 
 
 def system_info() -> str:
     """llama.cpp's summary of the compiled CPU features and backends (e.g. "AVX2 = 1 | ...")."""
     return _native.system_info()
+
+
+def backends() -> list[tuple[str, list[str]]]:
+    """The compute backends this build has: (ggml registry name, its devices), e.g.
+    ``[("CPU", ["CPU (AMD EPYC)"])]``; a GPU build adds e.g. ("CUDA", [...]), an RPC build ("RPC", [])."""
+    return [(name, list(devices)) for name, devices in _native.backends()]

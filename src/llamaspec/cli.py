@@ -1,6 +1,8 @@
-"""The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``serve``.
+"""The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``run`` (one answer, streamed),
+``info`` (what a GGUF file holds), ``serve`` (the OpenAI-compatible server).
 
-Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error.
+Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error,
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -8,7 +10,30 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+
+from ._cmd_info import add_info_arguments, info
+from ._cmd_run import add_run_arguments, run
+from .errors import LlamaspecError
+
+Command = Callable[[argparse.ArgumentParser, argparse.Namespace], int]
+
+
+def _guarded(name: str, cmd: Command, p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """Run a subcommand: a library error or an unreadable file is one line on stderr and exit 1 (the
+    traceback too with --verbose); Ctrl-C outside a generation is exit 130."""
+    try:
+        return cmd(p, a)
+    except (LlamaspecError, OSError) as e:
+        if getattr(a, "verbose", False):
+            traceback.print_exc()
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"llamaspec {name}: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"llamaspec {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _serve(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
@@ -63,6 +88,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="llamaspec", description="Run GGUF models on llama.cpp with speculative decoding."
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    commands: dict[str, tuple[argparse.ArgumentParser, Command]] = {}
+    rp = sub.add_parser(
+        "run",
+        help="generate one answer, streamed, with live statistics",
+        description="Generate one answer to a prompt and stream it, with a status line (tokens/s, "
+        "acceptance, draft length in use) on a terminal. The model's chat template is used when it has "
+        "one (--raw: the text as it is).",
+    )
+    add_run_arguments(rp)
+    commands["run"] = (rp, run)
+    ip = sub.add_parser(
+        "info",
+        help="what a GGUF file holds and what this build runs it on",
+        description="Architecture, size, context, MTP layers, chat template, special tokens of a GGUF "
+        "model, and this build's backends.",
+    )
+    add_info_arguments(ip)
+    commands["info"] = (ip, info)
     sp = sub.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server",
@@ -81,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not have_server:
             print("llamaspec serve needs the server extra: pip install 'llamaspec[server]'", file=sys.stderr)
             return 1
-        return _serve(sp, a)
+        return _guarded("serve", _serve, sp, a)
+    if a.command in commands:
+        cp, cmd = commands[a.command]
+        return _guarded(a.command, cmd, cp, a)
     p.print_help()
     return 2
 

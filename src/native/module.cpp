@@ -1,7 +1,14 @@
 // The private native module llamaspec._native: one register_<area>() per binding file.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ggml-backend.h"
 #include "llama.h"
 #include "errors.h"
 #include "logging.h"
@@ -32,6 +39,24 @@ NB_MODULE(_native, m) {
 
     m.def("system_info", [] { return std::string(llama_print_system_info()); },
           "llama.cpp's description of the compiled CPU features and backends.");
+    m.def(
+        "backends",
+        [] {
+            // ggml's backend registries (CPU, CUDA, Metal, RPC, ...) and the devices each offers
+            std::vector<std::pair<std::string, std::vector<std::string>>> out;
+            for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+                ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+                std::vector<std::string> devices;
+                for (size_t j = 0; j < ggml_backend_reg_dev_count(reg); ++j) {
+                    ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, j);
+                    devices.push_back(std::string(ggml_backend_dev_name(dev)) + " (" +
+                                      ggml_backend_dev_description(dev) + ")");
+                }
+                out.emplace_back(ggml_backend_reg_name(reg), std::move(devices));
+            }
+            return out;
+        },
+        "The compiled backends: (registry name, its devices as 'name (description)').");
     m.def("max_devices", [] { return llama_max_devices(); });
     m.def("supports_gpu_offload", [] { return llama_supports_gpu_offload(); });
     m.def("supports_mmap", [] { return llama_supports_mmap(); });

@@ -11,9 +11,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._options import normalize_methods
-from ..errors import InvalidOptionError
-from ..speculative import METHODS
+from .._flags import (
+    add_context_arguments,
+    add_model_arguments,
+    add_sampling_arguments,
+    add_speculative_arguments,
+    model_path,
+    sampling_from_args,
+)
 
 
 @dataclass(frozen=True)
@@ -55,34 +60,9 @@ class ServerConfig:
         return self.alias or os.path.basename(self.model)
 
 
-def _n_draft(v: str) -> int | str:
-    if v == "auto":
-        return v
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0 or 'auto', got {v!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an int >= 0 or 'auto', got {v!r}")
-    return n
-
-
-def _method(v: str) -> str:
-    """'none', a method name or a comma-separated chain of them (llama-server's --spec-type)."""
-    if v in ("none", "plain"):
-        return "none"
-    try:
-        return ",".join(normalize_methods([n.strip() for n in v.split(",")]))
-    except InvalidOptionError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `llamaspec serve` (llama-server's spelling of the common ones is accepted)."""
-    p.add_argument("model_pos", nargs="?", metavar="MODEL", help="the GGUF file to serve")
-    p.add_argument(
-        "-m", "--model", dest="model_opt", metavar="PATH", help="the GGUF file (llama-server's flag)"
-    )
+    add_model_arguments(p, "to serve")
     net = p.add_argument_group("network")
     net.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
@@ -149,19 +129,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="host memory in MiB for prompts saved from sequences reused for another prompt, loaded again "
         "when their prompt comes back (default 8192; 0: off; -1: no limit)",
     )
-    eng.add_argument(
-        "-c",
-        "--ctx-size",
-        dest="n_ctx",
-        type=int,
-        default=0,
-        help="total context, split evenly over the sequences (default 0: the model's "
-        "training context, at most 16384)",
+    add_context_arguments(
+        eng,
+        "total context, split evenly over the sequences (default 0: the model's training context, "
+        "at most 16384)",
     )
-    eng.add_argument("-b", "--batch-size", dest="n_batch", type=int, help="logical batch size")
-    eng.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, help="physical batch size")
-    eng.add_argument("-t", "--threads", dest="n_threads", type=int, help="threads for generation")
-    eng.add_argument("-tb", "--threads-batch", dest="n_threads_batch", type=int, help="threads for prompts")
     eng.add_argument(
         "-n",
         "--n-predict",
@@ -171,100 +143,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=-1,
         help="default max tokens of a request (-1: until the context is full)",
     )
-    eng.add_argument(
-        "-ngl",
-        "--n-gpu-layers",
-        "--gpu-layers",
-        dest="n_gpu_layers",
-        type=int,
-        default=0,
-        help="layers to offload to a GPU (a GPU build only)",
-    )
     eng.add_argument("--chat-template-file", help="a Jinja chat template to use instead of the model's")
     eng.add_argument(
         "--jinja",
         action="store_true",
         help="accepted for llama-server scripts: templates always run on llama.cpp's jinja engine",
     )
-    spec = p.add_argument_group("speculative decoding")
-    spec.add_argument(
-        "--method",
-        "--spec-type",
-        dest="method",
-        type=_method,
-        help="drafter: none, " + ", ".join(METHODS) + " (default: mtp when the model has MTP "
-        "layers, draft with --draft-model, else none)",
-    )
-    spec.add_argument(
-        "-md",
-        "--draft-model",
-        "--model-draft",
-        "--spec-draft-model",
-        dest="draft_model",
-        help="a draft model GGUF",
-    )
-    spec.add_argument(
-        "--n-draft",
-        "--draft-max",
-        "--draft",
-        "--draft-n",
-        "--spec-draft-n-max",
-        dest="n_draft",
-        type=_n_draft,
-        default="auto",
-        help="draft length per verify: 'auto' (the default: chosen per verify from measured acceptance and "
-        "costs, plain decoding when drafting does not pay) or a fixed longest draft",
-    )
-    spec.add_argument(
-        "--draft-min",
-        "--draft-n-min",
-        "--spec-draft-n-min",
-        dest="n_draft_min",
-        type=int,
-        default=0,
-        help="drafts shorter than this are dropped (default 0)",
-    )
-    spec.add_argument(
-        "--draft-p-min",
-        "--spec-draft-p-min",
-        dest="p_min",
-        type=float,
-        default=0.0,
-        help="draft models stop at a token less likely than this (default 0)",
-    )
-    samp = p.add_argument_group("sampling defaults (a request's fields override them)")
-    samp.add_argument("--temp", "--temperature", dest="temperature", type=float)
-    samp.add_argument("--top-k", dest="top_k", type=int)
-    samp.add_argument("--top-p", dest="top_p", type=float)
-    samp.add_argument("--min-p", dest="min_p", type=float)
-    samp.add_argument("-s", "--seed", dest="seed", type=int)
-    samp.add_argument("--repeat-penalty", dest="repeat_penalty", type=float)
-    samp.add_argument("--repeat-last-n", dest="penalty_last_n", type=int)
-    samp.add_argument("--presence-penalty", dest="presence_penalty", type=float)
-    samp.add_argument("--frequency-penalty", dest="frequency_penalty", type=float)
+    add_speculative_arguments(p)
+    add_sampling_arguments(p, "sampling defaults (a request's fields override them)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
-
-
-_SAMPLING_FLAGS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "seed",
-    "repeat_penalty",
-    "penalty_last_n",
-    "presence_penalty",
-    "frequency_penalty",
-)
 
 
 def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> ServerConfig:
     """Check the parsed options together; a problem is a usage error (p.error exits with 2)."""
-    model = a.model_opt or a.model_pos
-    if not model:
-        p.error("a model is required: llamaspec serve MODEL.gguf (or -m MODEL.gguf)")
-    if a.model_opt and a.model_pos:
-        p.error("give the model once: positional or -m, not both")
+    model = model_path(p, a)
     keys = [k for k in a.api_key if k]
     if a.api_key_file:
         try:
@@ -284,10 +176,7 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         p.error(f"-c/--ctx-size must be >= 0, got {a.n_ctx}")
     if a.queue < 0:
         p.error(f"--queue must be >= 0, got {a.queue}")
-    seed = a.seed
-    sampling = {k: getattr(a, k) for k in _SAMPLING_FLAGS if getattr(a, k) is not None}
-    if seed is not None and seed < 0:
-        sampling.pop("seed")  # llama-server's -1: a random seed per request
+    sampling = sampling_from_args(a)  # llama-server's seed -1: a random seed per request
     return ServerConfig(
         model=model,
         host=a.host,

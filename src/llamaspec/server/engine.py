@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._flags import open_session as shared_open_session
 from ..events import Done, Event, GenerationStats, Token
 from ..generator import Generator
 from ..model import Model
@@ -104,7 +105,7 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
     """The session the server runs on: (session, method name or "none", context per sequence)."""
     n_ctx_total = cfg.n_ctx or min(model.n_ctx_train or 4096, 16384)
     n_ctx_seq = max(n_ctx_total // cfg.n_seq, 8)
-    opts: dict[str, Any] = {
+    opts = {
         k: v
         for k, v in (
             ("n_threads", cfg.n_threads),
@@ -114,25 +115,21 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
         )
         if v is not None
     }
-    opts.update(ctx_checkpoints=cfg.ctx_checkpoints, checkpoint_every=cfg.checkpoint_every,
-                prompt_cache_mb=cfg.cache_ram_mb)
-    method = cfg.method
-    if method is None:
-        method = "mtp" if model.has_mtp else ("draft" if cfg.draft_model else "none")
-    if method == "none" or cfg.n_draft == 0:
-        return Generator(model, n_seq=cfg.n_seq, n_ctx=n_ctx_seq, **opts), "none", n_ctx_seq
-    spec = Speculative(
+    session, method = shared_open_session(
         model,
-        method=method.split(","),
+        method=cfg.method,
+        draft_model=cfg.draft_model,
         n_draft=cfg.n_draft,
         n_draft_min=cfg.n_draft_min,
         p_min=cfg.p_min,
-        draft_model=cfg.draft_model,
-        n_ctx=n_ctx_seq,
         n_seq=cfg.n_seq,
+        n_ctx=n_ctx_seq,
+        ctx_checkpoints=cfg.ctx_checkpoints,
+        checkpoint_every=cfg.checkpoint_every,
+        prompt_cache_mb=cfg.cache_ram_mb,
         **opts,
     )
-    return spec, method, n_ctx_seq
+    return session, method, n_ctx_seq
 
 
 class ServedModel:

@@ -1,0 +1,204 @@
+"""The command line's shared options: one definition of each flag that `serve`, `run`, `chat` and `bench`
+have in common (the model, the context, the threads, the drafter, sampling), spelled as llama.cpp's
+tools spell them, and the session those flags describe.
+
+Standard library only: the core package imports nothing else, and the server's parser
+(server/config.py) builds on these functions instead of declaring the flags again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Literal
+
+from ._options import normalize_methods
+from .errors import InvalidOptionError
+from .generator import Generator
+from .model import Model
+from .speculative import METHODS, Speculative
+
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seed",
+    "repeat_penalty",
+    "penalty_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+)
+
+
+def n_draft_arg(v: str) -> int | str:
+    """argparse type of --n-draft: 'auto' or an int >= 0."""
+    if v == "auto":
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0 or 'auto', got {v!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0 or 'auto', got {v!r}")
+    return n
+
+
+def method_arg(v: str) -> str:
+    """argparse type of --method: 'none', a method name or a comma-separated chain of them
+    (llama-server's --spec-type)."""
+    if v in ("none", "plain"):
+        return "none"
+    try:
+        return ",".join(normalize_methods([n.strip() for n in v.split(",")]))
+    except InvalidOptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_model_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """MODEL (positional) or -m MODEL (llama.cpp's flag); read back with :func:`model_path`."""
+    p.add_argument("model_pos", nargs="?", metavar="MODEL", help=f"the GGUF file {what}")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="PATH", help="the GGUF file (llama.cpp's flag)")
+
+
+def model_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
+    """The model the command line names; a missing or doubled model is a usage error (exit 2)."""
+    model: str | None = a.model_opt or a.model_pos
+    if not model:
+        p.error(f"a model is required: {p.prog} MODEL.gguf (or -m MODEL.gguf)")
+    if a.model_opt and a.model_pos:
+        p.error("give the model once: positional or -m, not both")
+    return model
+
+
+def add_context_arguments(g: argparse._ArgumentGroup, ctx_help: str) -> None:
+    """-c, -b, -ub, -t, -tb, -ngl."""
+    g.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, default=0, help=ctx_help)
+    g.add_argument("-b", "--batch-size", dest="n_batch", type=int, help="logical batch size")
+    g.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, help="physical batch size")
+    g.add_argument("-t", "--threads", dest="n_threads", type=int, help="threads for generation")
+    g.add_argument("-tb", "--threads-batch", dest="n_threads_batch", type=int, help="threads for prompts")
+    g.add_argument(
+        "-ngl",
+        "--n-gpu-layers",
+        "--gpu-layers",
+        dest="n_gpu_layers",
+        type=int,
+        default=0,
+        help="layers to offload to a GPU (a GPU build only)",
+    )
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
+    """--method, --draft-model, --n-draft, --draft-min, --draft-p-min (with llama.cpp's spellings)."""
+    spec = p.add_argument_group("speculative decoding")
+    spec.add_argument(
+        "--method",
+        "--spec-type",
+        dest="method",
+        type=method_arg,
+        help="drafter: none, " + ", ".join(METHODS) + " (default: mtp when the model has MTP "
+        "layers, draft with --draft-model, else none)",
+    )
+    spec.add_argument(
+        "-md",
+        "--draft-model",
+        "--model-draft",
+        "--spec-draft-model",
+        dest="draft_model",
+        help="a draft model GGUF",
+    )
+    spec.add_argument(
+        "--n-draft",
+        "--draft-max",
+        "--draft",
+        "--draft-n",
+        "--spec-draft-n-max",
+        dest="n_draft",
+        type=n_draft_arg,
+        default="auto",
+        help="draft length per verify: 'auto' (the default: chosen per verify from measured acceptance and "
+        "costs, plain decoding when drafting does not pay) or a fixed longest draft",
+    )
+    spec.add_argument(
+        "--draft-min",
+        "--draft-n-min",
+        "--spec-draft-n-min",
+        dest="n_draft_min",
+        type=int,
+        default=0,
+        help="drafts shorter than this are dropped (default 0)",
+    )
+    spec.add_argument(
+        "--draft-p-min",
+        "--spec-draft-p-min",
+        dest="p_min",
+        type=float,
+        default=0.0,
+        help="draft models stop at a token less likely than this (default 0)",
+    )
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, title: str) -> None:
+    """--temp, --top-k, --top-p, --min-p, -s, the penalties; unset ones stay None (the library's
+    defaults); read back with :func:`sampling_from_args`."""
+    samp = p.add_argument_group(title)
+    samp.add_argument("--temp", "--temperature", dest="temperature", type=float)
+    samp.add_argument("--top-k", dest="top_k", type=int)
+    samp.add_argument("--top-p", dest="top_p", type=float)
+    samp.add_argument("--min-p", dest="min_p", type=float)
+    samp.add_argument("-s", "--seed", dest="seed", type=int)
+    samp.add_argument("--repeat-penalty", dest="repeat_penalty", type=float)
+    samp.add_argument("--repeat-last-n", dest="penalty_last_n", type=int)
+    samp.add_argument("--presence-penalty", dest="presence_penalty", type=float)
+    samp.add_argument("--frequency-penalty", dest="frequency_penalty", type=float)
+
+
+def sampling_from_args(a: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags that were given, as library options (a negative seed is llama.cpp's -1: a
+    random seed, so it is left out)."""
+    out = {k: getattr(a, k) for k in SAMPLING_FLAGS if getattr(a, k) is not None}
+    if out.get("seed", 0) < 0:
+        out.pop("seed")
+    return out
+
+
+def open_session(
+    model: Model,
+    *,
+    method: str | None,
+    draft_model: str | None,
+    n_draft: int | Literal["auto"],
+    n_draft_min: int,
+    p_min: float,
+    n_seq: int,
+    n_ctx: int,
+    **options: Any,
+) -> tuple[Generator | Speculative, str]:
+    """The session the flags describe: (session, method name or "none"). With no --method, MTP when
+    the model has MTP layers, a draft model when one is given, else plain decoding; --n-draft 0 or
+    --method none is plain decoding. ``options`` go to the session as they are (n_threads, ...)."""
+    if method is None:
+        method = "mtp" if model.has_mtp else ("draft" if draft_model else "none")
+    if method == "none" or n_draft == 0:
+        return Generator(model, n_seq=n_seq, n_ctx=n_ctx, **options), "none"
+    spec = Speculative(
+        model,
+        method=method.split(","),
+        n_draft=n_draft,
+        n_draft_min=n_draft_min,
+        p_min=p_min,
+        draft_model=draft_model,
+        n_ctx=n_ctx,
+        n_seq=n_seq,
+        **options,
+    )
+    return spec, method
+
+
+def context_options(a: argparse.Namespace) -> dict[str, int]:
+    """The threads and batch flags that were given, as session options."""
+    return {
+        k: v
+        for k in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch")
+        if (v := getattr(a, k)) is not None
+    }

@@ -1,0 +1,271 @@
+"""The command line (`llamaspec run` and `llamaspec info`), run as a user runs it: a subprocess, on the
+fixtures and on SmolLM2, with pipes and in a pseudo-terminal."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pyte
+import pytest
+from llamaspec_fixtures import FixtureInfo
+
+import llamaspec
+
+TIMEOUT = 120
+
+
+def cli(*args: str, stdin: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m llamaspec ARGS` with pipes for stdin, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "llamaspec", *args],
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+    )
+
+
+def cycle_prompt(info: FixtureInfo, n: int = 8) -> str:
+    with llamaspec.Model(info.path, vocab_only=True) as vm:
+        return vm.detokenize(info.cycle[:n])
+
+
+def expected_text(info: FixtureInfo, prompt: str, n: int) -> str:
+    """Plain greedy decoding of the same prompt in the library: the oracle for run's output (the
+    fixture tests pass --raw: the fixture has a chat template, which run would apply)."""
+    with llamaspec.Model(info.path) as m, llamaspec.Generator(m, n_ctx=512) as g:
+        return g.generate(prompt, n, temperature=0)
+
+
+# -- run: the output first (lossless, greedy and seeded) -------------------------------------------
+
+
+def test_run_greedy_output_is_plain_decoding(fx_info: FixtureInfo) -> None:
+    prompt = cycle_prompt(fx_info)
+    want = expected_text(fx_info, prompt, 40)
+    outs = {}
+    for name, extra in {"default": [], "fixed": ["--n-draft", "3"], "plain": ["--method", "none"]}.items():
+        r = cli("run", fx_info.path, "--raw", "-p", prompt, "-n", "40", "--temp", "0", "-c", "512", "--json",
+                *extra)
+        assert r.returncode == 0, r.stderr
+        outs[name] = json.loads(r.stdout)
+    assert {k: v["text"] for k, v in outs.items()} == {k: want for k in outs}
+    d = outs["default"]
+    assert d["method"] == "mtp" and d["n_draft"] == "auto" and d["interrupted"] is False
+    assert d["stats"]["tokens"] == 40 and d["stats"]["finish_reason"] == "length"
+    assert set(d["speculative"]) >= {"acceptance_rate", "drafts_generated", "mean_draft_length"}
+    assert outs["fixed"]["n_draft"] == 3 and outs["fixed"]["speculative"]["drafts_generated"] > 0
+    assert outs["plain"]["method"] == "none" and "speculative" not in outs["plain"]
+
+
+def test_run_seeded_output_is_plain_decoding(smol_path: str) -> None:
+    """SmolLM2 drafting for itself, sampled with a seed, through its chat template: the same text as
+    plain decoding with that seed."""
+    common = ["-p", "Name three rivers.", "-n", "24", "--temp", "0.9", "-s", "11", "-c", "1024", "--json"]
+    plain = cli("run", smol_path, "--method", "none", *common)
+    spec = cli("run", smol_path, "-md", smol_path, "--n-draft", "3", *common)
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    p, s = json.loads(plain.stdout), json.loads(spec.stdout)
+    assert s["method"] == "draft" and s["speculative"]["drafts_generated"] > 0
+    assert p["text"] == s["text"] and p["stats"]["seed"] == s["stats"]["seed"] == 11
+    # the chat template was applied: the prompt is longer than the question's own tokens
+    with llamaspec.Model(smol_path, vocab_only=True) as vm:
+        assert p["stats"]["prompt_tokens"] > len(vm.tokenize("Name three rivers."))
+
+
+def test_run_streams_text_to_a_pipe_without_escape_codes(fx_info: FixtureInfo) -> None:
+    prompt = cycle_prompt(fx_info)
+    r = cli("run", fx_info.path, "--raw", "-p", prompt, "-n", "20", "--temp", "0", "-c", "512")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == expected_text(fx_info, prompt, 20)
+    assert "\x1b" not in r.stdout + r.stderr
+    assert "20 tokens in" in r.stderr and "tok/s" in r.stderr and "mtp: acceptance" in r.stderr
+
+
+def test_run_reads_the_prompt_from_a_file_and_from_stdin(fx_info: FixtureInfo, tmp_path: Path) -> None:
+    prompt = cycle_prompt(fx_info)
+    f = tmp_path / "prompt.txt"
+    f.write_text(prompt)
+    want = expected_text(fx_info, prompt, 12)
+    by_file = cli("run", fx_info.path, "--raw", "-f", str(f), "-n", "12", "--temp", "0", "-c", "512")
+    by_stdin = cli("run", fx_info.path, "--raw", "-n", "12", "--temp", "0", "-c", "512", stdin=prompt)
+    assert (by_file.returncode, by_stdin.returncode) == (0, 0), by_file.stderr + by_stdin.stderr
+    assert by_file.stdout == by_stdin.stdout == want
+
+
+def read_pty(fd: int, proc: subprocess.Popen[bytes], until: float) -> bytes:
+    out = b""
+    while time.monotonic() < until:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if r:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif proc.poll() is not None:
+            break
+    return out
+
+
+def in_pty(args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """`python -m llamaspec ARGS` with stdout and stderr on a pseudo-terminal (24 x 80)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {**os.environ, "TERM": "xterm", "LINES": "24", "COLUMNS": "80"}
+    proc = subprocess.Popen([sys.executable, "-m", "llamaspec", *args], stdin=subprocess.DEVNULL,
+                            stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    return proc, master
+
+
+def screen_of(out: bytes) -> list[str]:
+    """What a 24 x 80 VT100 terminal shows after ``out`` (pyte, a terminal emulator)."""
+    screen = pyte.Screen(80, 24)
+    pyte.ByteStream(screen).feed(out.replace(b"\n", b"\r\n"))  # the tty's onlcr, which openpty keeps
+    return list(screen.display)
+
+
+def test_run_in_a_terminal_draws_a_status_line_and_gives_the_screen_back(fx_info: FixtureInfo) -> None:
+    prompt = cycle_prompt(fx_info)
+    proc, fd = in_pty(["run", fx_info.path, "--raw", "-p", prompt, "-n", "200", "--temp", "0", "-c", "512"])
+    try:
+        out = read_pty(fd, proc, time.monotonic() + TIMEOUT)
+        assert proc.wait(timeout=TIMEOUT) == 0
+    finally:
+        os.close(fd)
+    text = out.decode("utf-8", "replace")
+    assert "\x1b[1;23r" in text  # the text scrolls in rows 1..23
+    assert "\x1b[24;1H" in text and "tok/s" in text and "draft length" in text  # the status in row 24
+    assert text.index("\x1b[r") > text.rindex("tok/s |")  # the scrolling region is reset at the end
+    # while it ran, the status row showed the statistics; at the end the screen holds the answer
+    # (wrapped at 80 columns), then the summary, and the status row is empty again
+    during = screen_of(out[: out.rindex(b"tok/s |") + 40])
+    assert "tok/s" in during[23] and "draft length" in during[23]
+    after = screen_of(out)
+    want = expected_text(fx_info, prompt, 200)
+    assert "".join(after[:2]) == want[:160]
+    assert any("200 tokens in" in row for row in after[2:5])
+    assert after[23].strip() == ""
+
+
+def test_ctrl_c_stops_the_answer_and_exits_130(fx_info: FixtureInfo) -> None:
+    prompt = cycle_prompt(fx_info)
+    proc, fd = in_pty(["run", fx_info.path, "--raw", "-p", prompt, "-n", "4000", "--temp", "0", "-c", "4096"])
+    try:
+        first = read_pty(fd, proc, time.monotonic() + 0.0)
+        deadline = time.monotonic() + TIMEOUT
+        while len(first) < 200 and time.monotonic() < deadline:  # the answer has begun
+            first += read_pty(fd, proc, time.monotonic() + 0.2)
+        assert proc.poll() is None, "the answer ended before Ctrl-C"
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = read_pty(fd, proc, time.monotonic() + 30)
+        assert proc.wait(timeout=30) == 130
+        assert time.monotonic() - t0 < 10
+    finally:
+        os.close(fd)
+    tail = rest.decode("utf-8", "replace")
+    assert "interrupted" in tail and "Traceback" not in tail
+    assert "\x1b[r" in tail  # the terminal is given back
+
+
+# -- run: bad input --------------------------------------------------------------------------------
+
+
+def one_line_error(r: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert r.returncode == code, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert "Traceback" not in r.stderr
+    assert r.stdout == ""
+    if code == 1:
+        assert len(lines) == 1 and lines[0].startswith("llamaspec "), r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_bad_input_gives_one_line_and_the_documented_exit_code(fx_info: FixtureInfo, tmp_path: Path) -> None:
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("this is not a model\n")
+    p = ["-p", "hello"]
+    one_line_error(cli("run", str(tmp_path / "missing.gguf"), *p), 1, "missing.gguf")
+    one_line_error(cli("run", str(not_gguf), *p), 1, "notes.gguf")
+    one_line_error(cli("info", str(tmp_path / "missing.gguf")), 1, "missing.gguf")
+    one_line_error(cli("run", fx_info.path, "-f", str(tmp_path / "nope.txt")), 1, "nope.txt")
+    one_line_error(cli("run", fx_info.path, "-p", "x" * 3000, "-c", "64"), 1, "context")
+    one_line_error(cli("run", fx_info.path, *p, "--method", "telepathy"), 2, "telepathy")
+    one_line_error(cli("run", fx_info.path, *p, "-n", "0"), 2, "--n-predict")
+    one_line_error(cli("run", fx_info.path, *p, "--n-draft", "many"), 2, "many")
+    one_line_error(cli("run", fx_info.path, *p, "--temp", "warm"), 2, "warm")
+    one_line_error(cli("run", fx_info.path), 2, "prompt is required")
+    one_line_error(cli("run", fx_info.path, *p, "-f", "x.txt"), 2, "-p or -f")
+    one_line_error(cli("run", *p), 2, "model is required")
+    one_line_error(cli("run", fx_info.path, "-p", "   "), 2, "empty")
+    one_line_error(cli("frobnicate"), 2, "invalid choice")
+
+
+def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
+    r = cli("run", str(tmp_path / "missing.gguf"), "-p", "hi", "--verbose")
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ModelLoadError" in r.stderr
+
+
+# -- info ----------------------------------------------------------------------------------------
+
+
+def test_info_describes_an_mtp_fixture(fx_info: FixtureInfo) -> None:
+    r = cli("info", fx_info.path, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    with llamaspec.Model(fx_info.path) as m:
+        assert d["n_layer"] == m.n_layer and d["n_params"] == m.n_params and d["size_bytes"] == m.size
+        assert d["n_layer_mtp"] == m.n_layer_nextn == 1 and d["default_drafter"] == "mtp"
+        assert d["architecture"] == "qwen35" and d["n_vocab"] == m.n_vocab
+    assert "CPU" in d["build"]["backends"]
+    text = cli("info", fx_info.path)
+    assert text.returncode == 0 and "\x1b" not in text.stdout
+    assert "+ 1 MTP" in text.stdout and "run/serve draft with it by default" in text.stdout
+
+
+def test_info_shows_a_chat_template_and_special_tokens(smol_path: str) -> None:
+    d = json.loads(cli("info", smol_path, "--json").stdout)
+    with llamaspec.Model(smol_path, vocab_only=True) as vm:
+        assert d["chat_template"] == vm.chat_template
+        assert d["special_tokens"]["eos"]["id"] == vm.eos
+        assert {t["id"] for t in d["special_tokens"]["end_of_generation"]} >= {vm.eos}
+    assert d["n_layer_mtp"] == 0 and d["default_drafter"] is None
+    r = cli("info", smol_path, "--template-lines", "2")
+    lines = r.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("chat template"))
+    assert "more lines" in lines[start + 3]
+    assert lines[start + 1].strip() == vm_first_line(smol_path)
+
+
+def vm_first_line(path: str) -> str:
+    with llamaspec.Model(path, vocab_only=True) as vm:
+        assert vm.chat_template is not None
+        return vm.chat_template.splitlines()[0].strip()
+
+
+@pytest.mark.parametrize("command", ["run", "info", "serve"])
+def test_help_is_complete(command: str) -> None:
+    r = cli(command, "--help")
+    assert r.returncode == 0 and "\x1b" not in r.stdout
+    for flag in {"run": ["-p", "-f", "--json", "-n", "--n-draft", "--method", "--temp", "-c", "-t"],
+                 "info": ["--json", "--template-lines"],
+                 "serve": ["--port", "-np", "--n-draft", "--method", "--temp", "-c", "-t"]}[command]:
+        assert f" {flag}" in r.stdout, flag
