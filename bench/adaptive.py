@@ -50,9 +50,11 @@ def mtp_fixture(directory: Path, wrong: float | list[int]) -> tuple[FixtureInfo,
     first 8 tokens of its cycle, as text."""
     directory.mkdir(parents=True, exist_ok=True)
     if isinstance(wrong, list):
-        info = write_qwen35_fixture(directory / "speed-mtp-changing.gguf", spec=SPEED, mtp_wrong_positions=wrong)
+        info = write_qwen35_fixture(directory / "speed-mtp-changing.gguf", spec=SPEED,
+                                    mtp_wrong_positions=wrong)
     else:
-        info = write_qwen35_fixture(directory / f"speed-mtp-{wrong}.gguf", spec=SPEED, mtp_wrong_fraction=wrong)
+        info = write_qwen35_fixture(directory / f"speed-mtp-{wrong}.gguf", spec=SPEED,
+                                    mtp_wrong_fraction=wrong)
     with llamaspec.Model(info.path, vocab_only=True) as vm:
         return info, vm.detokenize(info.cycle[:8])
 

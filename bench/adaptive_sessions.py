@@ -30,7 +30,8 @@ from mtp_speed import ours_rate  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-BEST_FIXED = {"100%": 8, "~75%": 5, "0%": 0, "changing": 0, "mixed": 7, "self-draft": 0}  # bench/adaptive.py's best fixed lengths (1 thread)
+# bench/adaptive.py's best fixed lengths (1 thread)
+BEST_FIXED = {"100%": 8, "~75%": 5, "0%": 0, "changing": 0, "mixed": 7, "self-draft": 0}
 
 
 def main() -> None:

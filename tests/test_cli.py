@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import signal
 import struct
@@ -123,13 +124,16 @@ def read_pty(fd: int, proc: subprocess.Popen[bytes], until: float) -> bytes:
     return out
 
 
-def in_pty(args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    """`python -m llamaspec ARGS` with stdout and stderr on a pseudo-terminal (24 x 80)."""
+def in_pty(args: list[str], stdin_tty: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """`python -m llamaspec ARGS` with stdout and stderr (and with ``stdin_tty`` stdin, as the
+    controlling terminal, so that Ctrl-C typed there is SIGINT) on a pseudo-terminal (24 x 80)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     env = {**os.environ, "TERM": "xterm", "LINES": "24", "COLUMNS": "80"}
-    proc = subprocess.Popen([sys.executable, "-m", "llamaspec", *args], stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env=env, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "llamaspec", *args],
+                            stdin=slave if stdin_tty else subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env=env, start_new_session=True,
+                            preexec_fn=(lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0)) if stdin_tty else None)
     os.close(slave)
     return proc, master
 
@@ -261,11 +265,104 @@ def vm_first_line(path: str) -> str:
         return vm.chat_template.splitlines()[0].strip()
 
 
-@pytest.mark.parametrize("command", ["run", "info", "serve"])
+@pytest.mark.parametrize("command", ["run", "chat", "info", "serve"])
 def test_help_is_complete(command: str) -> None:
     r = cli(command, "--help")
     assert r.returncode == 0 and "\x1b" not in r.stdout
     for flag in {"run": ["-p", "-f", "--json", "-n", "--n-draft", "--method", "--temp", "-c", "-t"],
+                 "chat": ["--system", "-n", "--n-draft", "--method", "-md", "--temp", "-c", "-t"],
                  "info": ["--json", "--template-lines"],
                  "serve": ["--port", "-np", "--n-draft", "--method", "--temp", "-c", "-t"]}[command]:
         assert f" {flag}" in r.stdout, flag
+
+
+# -- chat ----------------------------------------------------------------------------------------
+
+
+def test_chat_piped_turns_see_the_earlier_ones_and_equal_plain_decoding(smol_path: str) -> None:
+    """Two messages on standard input: each answer is what plain decoding gives for the conversation
+    so far (the second turn sees the first), with a draft model drafting, and the second turn reuses
+    the first turn's tokens."""
+    questions = ["Name a river in France.", "How long is it?"]
+    r = cli("chat", smol_path, "-md", smol_path, "--n-draft", "3", "-n", "24", "--temp", "0", "-c", "1024",
+            "--system", "You are brief.", stdin="\n".join(questions) + "\n/stats\n")
+    assert r.returncode == 0, r.stderr
+    history = [{"role": "system", "content": "You are brief."}]
+    want = []
+    with llamaspec.Model(smol_path) as m, llamaspec.Generator(m, n_ctx=1024) as g:
+        for q in questions:
+            history.append({"role": "user", "content": q})
+            answer = g.generate(messages=history, max_tokens=24, temperature=0)
+            history.append({"role": "assistant", "content": answer})
+            want.append(answer)
+    assert r.stdout == "".join(a + "\n" for a in want)
+    stats = dict(line.strip().split(": ", 1) for line in r.stderr.splitlines() if ": " in line)
+    assert stats["turns"] == "2" and int(stats["prompt tokens reused"]) > 20
+    assert stats["drafter"].startswith("draft") and "acceptance" in stats
+
+
+def test_chat_without_a_template_is_a_one_line_error(tmp_path: Path) -> None:
+    from llamaspec_fixtures import write_qwen35_fixture
+
+    info = write_qwen35_fixture(tmp_path / "no-template.gguf", chat_template=False)
+    with llamaspec.Model(info.path, vocab_only=True) as vm:
+        assert vm.chat_template is None
+    one_line_error(cli("chat", info.path), 1, "no chat template")
+    # run sends the text as it is then, without --raw
+    prompt = cycle_prompt(info)
+    r = cli("run", info.path, "-p", prompt, "-n", "10", "--temp", "0", "-c", "512")
+    assert r.returncode == 0 and r.stdout == expected_text(info, prompt, 10)
+
+
+class Terminal:
+    """A command in a pseudo-terminal, read as a person reads it: wait for some text to appear after
+    what was already waited for, type keys."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc, self.fd = in_pty(args, stdin_tty=True)
+        self.seen = bytearray()
+        self.pos = 0
+
+    def wait_for(self, what: bytes, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while (i := self.seen.find(what, self.pos)) < 0:
+            assert time.monotonic() < deadline, (what, bytes(self.seen[self.pos:])[-400:])
+            assert self.proc.poll() is None, bytes(self.seen[self.pos:])[-400:]
+            self.seen += read_pty(self.fd, self.proc, time.monotonic() + 0.2)
+        self.pos = i + len(what)
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        os.close(self.fd)
+
+
+def test_chat_in_a_terminal_two_turns_ctrl_c_stats_and_exit(smol_path: str) -> None:
+    t = Terminal(["chat", smol_path, "--temp", "0", "-c", "2048", "-n", "600"])
+    try:
+        t.wait_for(b"> ")
+        t.type(b"Name a river.\r")
+        t.wait_for(b"\r\n> ")  # the answer, then the prompt again
+        t.type(b"Count from 1 to 500, one number a line.\r")
+        t.wait_for(b"tok/s")  # the answer is streaming, with its status line
+        time.sleep(0.5)
+        t.type(b"\x03")  # Ctrl-C, as a person types it: the terminal sends SIGINT
+        t.wait_for(b"(stopped)")
+        t.wait_for(b"> ")
+        t.type(b"/stats\r")
+        t.wait_for(b"prompt tokens reused")
+        t.wait_for(b"> ")
+        t.type(b"/exit\r")
+        assert t.proc.wait(timeout=30) == 0
+    finally:
+        t.close()
+    screen = bytes(t.seen).decode("utf-8", "replace")
+    assert "Traceback" not in screen
+    assert "\x1b[r" in screen[screen.index("(stopped)") - 40:]  # the terminal was given back on Ctrl-C
+    turns = re.search(r"turns: (\d+)", screen)
+    assert turns is not None and turns.group(1) == "2"
+    reused = re.search(r"prompt tokens reused: (\d+)", screen)
+    assert reused is not None and int(reused.group(1)) > 0  # the second turn reused the first's tokens

@@ -206,13 +206,15 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             return _stream(a, model, method, session, ids, max_tokens, sampling)
 
 
-def _stream(a: argparse.Namespace, model: Model, method: str, session: Generator | Speculative,
-            ids: list[int], max_tokens: int, sampling: dict[str, Any]) -> int:
+def stream_answer(session: Generator | Speculative, method: str, ids: list[int], max_tokens: int,
+                  sampling: dict[str, Any], live: bool) -> tuple[str, GenerationStats | None, bool]:
+    """Generate and, with ``live``, stream the text to stdout with the status line; returns (text,
+    the call's stats or None when interrupted before the end, whether Ctrl-C interrupted it)."""
     pieces: list[str] = []
     done: GenerationStats | None = None
     interrupted = False
     status = Status(method, session)
-    line = StatusLine() if not a.json else None
+    line = StatusLine() if live else None
     events = session.stream_events(ids, max_tokens, None, emit_stats_every=STATS_EVERY, **sampling)
     try:
         if line is not None:
@@ -235,7 +237,12 @@ def _stream(a: argparse.Namespace, model: Model, method: str, session: Generator
         events.close()  # type: ignore[attr-defined]
         if line is not None:
             line.close()
-    text = "".join(pieces)
+    return "".join(pieces), done, interrupted
+
+
+def _stream(a: argparse.Namespace, model: Model, method: str, session: Generator | Speculative,
+            ids: list[int], max_tokens: int, sampling: dict[str, Any]) -> int:
+    text, done, interrupted = stream_answer(session, method, ids, max_tokens, sampling, live=not a.json)
     if a.json:
         json.dump(report(model, method, session, text, done, interrupted), sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")

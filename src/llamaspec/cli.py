@@ -1,5 +1,6 @@
 """The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``run`` (one answer, streamed),
-``info`` (what a GGUF file holds), ``serve`` (the OpenAI-compatible server).
+``chat`` (a conversation), ``info`` (what a GGUF file holds), ``serve`` (the OpenAI-compatible
+server).
 
 Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error,
 130 interrupted (Ctrl-C).
@@ -13,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from ._cmd_chat import add_chat_arguments, chat
 from ._cmd_info import add_info_arguments, info
 from ._cmd_run import add_run_arguments, run
 from .errors import LlamaspecError
@@ -98,6 +100,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_run_arguments(rp)
     commands["run"] = (rp, run)
+    chp = sub.add_parser(
+        "chat",
+        help="a conversation in the terminal",
+        description="Chat with a model through its chat template: each turn reuses what the earlier "
+        "turns decoded. /reset forgets the conversation, /stats prints statistics, /exit or Ctrl-D "
+        "leaves, Ctrl-C stops the current answer. Piped, each line of standard input is a message.",
+    )
+    add_chat_arguments(chp)
+    commands["chat"] = (chp, chat)
     ip = sub.add_parser(
         "info",
         help="what a GGUF file holds and what this build runs it on",
