@@ -265,15 +265,46 @@ def vm_first_line(path: str) -> str:
         return vm.chat_template.splitlines()[0].strip()
 
 
-@pytest.mark.parametrize("command", ["run", "chat", "info", "serve"])
+@pytest.mark.parametrize("command", ["run", "chat", "bench", "info", "serve"])
 def test_help_is_complete(command: str) -> None:
     r = cli(command, "--help")
     assert r.returncode == 0 and "\x1b" not in r.stdout
     for flag in {"run": ["-p", "-f", "--json", "-n", "--n-draft", "--method", "--temp", "-c", "-t"],
                  "chat": ["--system", "-n", "--n-draft", "--method", "-md", "--temp", "-c", "-t"],
+                 "bench": ["-p", "-n", "-r", "--n-draft", "--method", "-md", "--json", "-t"],
                  "info": ["--json", "--template-lines"],
                  "serve": ["--port", "-np", "--n-draft", "--method", "--temp", "-c", "-t"]}[command]:
         assert f" {flag}" in r.stdout, flag
+
+
+# -- bench ---------------------------------------------------------------------------------------
+
+
+def test_bench_compares_plain_and_each_draft_length(fx_info: FixtureInfo) -> None:
+    r = cli("bench", fx_info.path, "--raw", "-p", cycle_prompt(fx_info), "-n", "32", "-r", "2",
+            "--n-draft", "auto", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["method"] == "mtp" and d["runs"] == 2 and d["tokens"] == 32
+    rows = {row["config"]: row for row in d["rows"]}
+    assert list(rows) == ["plain", "mtp auto", "mtp 3"]
+    assert all(row["same_text_as_plain"] for row in rows.values())  # greedy: lossless
+    assert rows["plain"]["vs_plain"] == 1.0 and len(rows["plain"]["runs"]) == 2
+    assert rows["mtp 3"]["acceptance_rate"] == 1.0 and rows["mtp 3"]["mean_draft_length"] > 2
+    for row in rows.values():
+        assert row["tokens_per_second"] > 0
+        assert row["vs_plain"] == pytest.approx(row["tokens_per_second"] / rows["plain"]["tokens_per_second"])
+    table = cli("bench", fx_info.path, "--raw", "-p", cycle_prompt(fx_info), "-n", "16", "-r", "1",
+                "--n-draft", "2")
+    lines = table.stdout.splitlines()
+    assert table.returncode == 0 and lines[1].split()[:3] == ["config", "tok/s", "x"]
+    assert lines[3].startswith("plain") and lines[4].startswith("mtp 2") and "\x1b" not in table.stdout
+
+
+def test_bench_bad_input(smol_path: str, fx_info: FixtureInfo) -> None:
+    one_line_error(cli("bench", smol_path, "-n", "8"), 1, "no MTP layers")  # no drafter to compare
+    one_line_error(cli("bench", fx_info.path, "-r", "0"), 2, "--repetitions")
+    one_line_error(cli("bench", fx_info.path, "--n-draft", "x"), 2, "'x'")
 
 
 # -- chat ----------------------------------------------------------------------------------------

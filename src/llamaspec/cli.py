@@ -1,5 +1,5 @@
 """The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``run`` (one answer, streamed),
-``chat`` (a conversation), ``info`` (what a GGUF file holds), ``serve`` (the OpenAI-compatible
+``chat`` (a conversation), ``bench`` (plain vs speculative, as ratios), ``info`` (what a GGUF file holds), ``serve`` (the OpenAI-compatible
 server).
 
 Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error,
@@ -14,6 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from ._cmd_bench import add_bench_arguments, bench
 from ._cmd_chat import add_chat_arguments, chat
 from ._cmd_info import add_info_arguments, info
 from ._cmd_run import add_run_arguments, run
@@ -109,6 +110,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_chat_arguments(chp)
     commands["chat"] = (chp, chat)
+    bp = sub.add_parser(
+        "bench",
+        help="plain vs speculative decoding side by side, as ratios",
+        description="Measure plain decoding and speculative decoding at each --n-draft side by side "
+        "in one run (sessions warmed up, the order rotating per round, medians of -r rounds): tokens/s, "
+        "the ratio to plain decoding, acceptance, mean draft length, and whether the text equals plain "
+        "decoding's.",
+    )
+    add_bench_arguments(bp)
+    commands["bench"] = (bp, bench)
     ip = sub.add_parser(
         "info",
         help="what a GGUF file holds and what this build runs it on",
