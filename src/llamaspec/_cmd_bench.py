@@ -110,14 +110,15 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
                                      "-md DRAFT.gguf, ...) to compare with plain decoding")
         ids = prompt_ids(model, a.prompt, a)
         n_ctx = a.n_ctx or min(n_ctx_for(model, 0), (len(ids) + a.n_predict + 64 + 255) // 256 * 256)
-        opts = context_options(a)
+        opts: dict[str, Any] = dict(context_options(a))
         sides = [Side("plain", Generator(model, n_ctx=n_ctx, **opts), 0)]
         try:
             for n in a.n_drafts:
                 if n == 0:
                     continue  # plain decoding is always there
-                sides.append(Side(f"{method} {n}", Speculative(model, method=method.split(","), n_draft=n,
-                                                               draft_model=a.draft_model, n_ctx=n_ctx, **opts), n))
+                spec = Speculative(model, method=method.split(","), n_draft=n, draft_model=a.draft_model,
+                                   n_ctx=n_ctx, **opts)
+                sides.append(Side(f"{method} {n}", spec, n))
             return _measure(a, model, method, sides, ids)
         finally:
             for s in sides:
@@ -161,9 +162,9 @@ def _measure(a: argparse.Namespace, model: Model, method: str, sides: list[Side]
             f"{row['prompt_tokens_per_second']:.0f}",
             "yes" if row["same_text_as_plain"] else "no",
         ])
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for i, r in enumerate(table):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
+    widths = [max(len(cells[i]) for cells in table) for i in range(len(header))]
+    for i, cells in enumerate(table):
+        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths))))
         if i == 0:
             print("  ".join("-" * w for w in widths))
     return 0

@@ -1,6 +1,6 @@
 """The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``run`` (one answer, streamed),
-``chat`` (a conversation), ``bench`` (plain vs speculative, as ratios), ``info`` (what a GGUF file holds), ``serve`` (the OpenAI-compatible
-server).
+``chat`` (a conversation), ``bench`` (plain vs speculative, as ratios), ``info`` (what a GGUF file
+holds), ``serve`` (the OpenAI-compatible server).
 
 Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error,
 130 interrupted (Ctrl-C).
