@@ -154,6 +154,7 @@ def test_run_in_a_terminal_draws_a_status_line_and_gives_the_screen_back(fx_info
     finally:
         os.close(fd)
     text = out.decode("utf-8", "replace")
+    assert "loading tiny-mtp-f16.gguf [" in text and "100%" in text  # the load's progress bar
     assert "\x1b[1;23r" in text  # the text scrolls in rows 1..23
     assert "\x1b[24;1H" in text and "tok/s" in text and "draft length" in text  # the status in row 24
     assert text.index("\x1b[r") > text.rindex("tok/s |")  # the scrolling region is reset at the end

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from llamaspec_fixtures import FixtureInfo
 
 import llamaspec
 from llamaspec import (
@@ -19,6 +20,7 @@ from llamaspec import (
     GrammarError,
     InvalidOptionError,
     LlamaspecError,
+    LoadCancelledError,
     ModelLoadError,
     UnsupportedModelError,
 )
@@ -33,8 +35,35 @@ def test_hierarchy() -> None:
     assert issubclass(GenerationTimeout, TimeoutError)
     assert issubclass(InvalidOptionError, ValueError)
     assert issubclass(GrammarError, InvalidOptionError)
+    assert issubclass(LoadCancelledError, ModelLoadError)
     e = DecodeError("x", code=3, path="p")
     assert (e.code, e.path, str(e)) == (3, "p", "x")
+
+
+# -- load progress and LoadCancelledError -----------------------------------------------------------
+
+def test_load_progress_is_reported_and_can_cancel(fx_info: FixtureInfo) -> None:
+    seen: list[float] = []
+    with llamaspec.Model(fx_info.path, progress=seen.append) as m:  # None: go on
+        n_layer = m.n_layer
+    assert len(seen) > 2 and seen[0] == 0.0 and seen[-1] == 1.0 and seen == sorted(seen)
+
+    with pytest.raises(LoadCancelledError, match="cancelled") as ei:
+        llamaspec.Model(fx_info.path, progress=lambda share: share < 0.5)
+    assert ei.value.path == fx_info.path
+
+    class Stop(Exception):
+        pass
+
+    def raises(share: float) -> bool:
+        raise Stop("from the callback")
+
+    with pytest.raises(Stop, match="from the callback"):
+        llamaspec.Model(fx_info.path, progress=raises)
+    with pytest.raises(InvalidOptionError, match="progress"):
+        llamaspec.Model(fx_info.path, progress=42)  # type: ignore[arg-type]
+    with llamaspec.Model(fx_info.path) as again:  # nothing was left half-loaded
+        assert again.n_layer == n_layer > 0
 
 
 # -- ModelLoadError: each names the path ------------------------------------------------------------

@@ -20,6 +20,7 @@ from .errors import (
     IncompatibleVocabError,
     InvalidOptionError,
     LlamaspecError,
+    LoadCancelledError,
     ModelLoadError,
     UnsupportedModelError,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "GenerationStats",
     "LlamaspecError",
     "ModelLoadError",
+    "LoadCancelledError",
     "UnsupportedModelError",
     "ContextOverflowError",
     "BusyError",

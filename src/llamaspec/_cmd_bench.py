@@ -26,7 +26,7 @@ from ._flags import (
     model_path,
     n_draft_arg,
 )
-from ._terminal import is_terminal
+from ._terminal import LoadBar, is_terminal
 from .errors import InvalidOptionError
 from .generator import Generator
 from .model import Model
@@ -103,7 +103,7 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if a.file is not None:
         with open(a.file, encoding="utf-8") as f:
             a.prompt = f.read()
-    with Model(path, n_gpu_layers=a.n_gpu_layers) as model:
+    with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
         method = a.method or ("mtp" if model.has_mtp else ("draft" if a.draft_model else None))
         if method is None or method == "none":
             raise InvalidOptionError(f"{path} has no MTP layers: name a drafter (--method ngram-mod, "

@@ -25,7 +25,7 @@ from ._flags import (
     open_session,
     sampling_from_args,
 )
-from ._terminal import is_terminal
+from ._terminal import LoadBar, is_terminal
 from .errors import ChatTemplateError
 from .generator import Generator
 from .model import Model
@@ -161,7 +161,7 @@ def chat(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     path = model_path(p, a)
     if a.n_predict == 0 or a.n_predict < -1:
         p.error(f"-n/--n-predict must be >= 1 or -1, got {a.n_predict}")
-    with Model(path, n_gpu_layers=a.n_gpu_layers) as model:
+    with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
         if model.chat_template is None:
             raise ChatTemplateError(f"{path} has no chat template: use llamaspec run --raw")
         n_ctx = n_ctx_for(model, a.n_ctx)

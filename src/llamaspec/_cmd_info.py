@@ -10,6 +10,7 @@ from typing import Any
 
 from . import __version__, backends
 from ._flags import add_model_arguments, model_path
+from ._terminal import LoadBar
 from .model import Model
 
 
@@ -111,7 +112,7 @@ def render(d: dict[str, Any], template_lines: int) -> str:
 def info(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`llamaspec info`; returns the exit code."""
     path = model_path(p, a)
-    with Model(path) as model:
+    with Model(path, progress=LoadBar(path)) as model:
         d = describe(model)
     if a.json:
         json.dump(d, sys.stdout, ensure_ascii=False, indent=2)

@@ -20,7 +20,7 @@ from ._flags import (
     open_session,
     sampling_from_args,
 )
-from ._terminal import StatusLine, is_terminal
+from ._terminal import LoadBar, StatusLine, is_terminal
 from .errors import ContextOverflowError
 from .events import Done, GenerationStats, Stats, Token
 from .generator import Generator
@@ -184,7 +184,7 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         p.error(f"-n/--n-predict must be >= 1 or -1, got {a.n_predict}")
     text = read_prompt(p, a)
     sampling = sampling_from_args(a)
-    with Model(path, n_gpu_layers=a.n_gpu_layers) as model:
+    with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
         n_ctx = n_ctx_for(model, a.n_ctx)
         ids = prompt_ids(model, text, a)
         room = n_ctx - len(ids)

@@ -122,3 +122,30 @@ class StatusLine:
         elif self.mode == "stderr" and self._shown:
             self.err.write("\r\x1b[2K")
             self.err.flush()
+
+
+class LoadBar:
+    """A model's load progress as a bar on stderr (``Model(path, progress=LoadBar(path))``), drawn
+    while stderr is a terminal and cleared when the load completes."""
+
+    WIDTH = 30
+
+    def __init__(self, what: str, err: TextIO | None = None) -> None:
+        self.what = os.path.basename(what)
+        self.err = err or sys.stderr
+        self.live = is_terminal(self.err)
+        self._shown = -1
+
+    def __call__(self, share: float) -> bool:
+        if not self.live:
+            return True
+        percent = int(share * 100)
+        if percent != self._shown:
+            self._shown = percent
+            filled = int(share * self.WIDTH)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.err.write(f"\r\x1b[2Kloading {self.what} [{bar}] {percent:3d}%")
+            if share >= 1.0:
+                self.err.write("\r\x1b[2K")
+            self.err.flush()
+        return True

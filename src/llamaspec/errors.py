@@ -20,6 +20,7 @@ __all__ = [
     "ClosedError",
     "IncompatibleVocabError",
     "DraftModelRequiredError",
+    "LoadCancelledError",
 ]
 
 
@@ -40,6 +41,10 @@ class LlamaspecError(Exception):
 
 class ModelLoadError(LlamaspecError):
     """A model file could not be loaded: missing, a directory, not GGUF, truncated or corrupt."""
+
+
+class LoadCancelledError(ModelLoadError):
+    """Loading was stopped by the ``progress`` callable of ``Model`` (it returned False)."""
 
 
 class UnsupportedModelError(LlamaspecError):

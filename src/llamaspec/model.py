@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
@@ -59,6 +59,7 @@ class Model:
         vocab_only: bool = False,
         check_tensors: bool = False,
         use_extra_bufts: bool = True,
+        progress: Callable[[float], bool | None] | None = None,
     ) -> None:
         """Load a GGUF file. Loading releases the GIL.
 
@@ -74,9 +75,14 @@ class Model:
             vocab_only: load only the vocabulary (tokenizer and chat template, no generation).
             check_tensors: validate tensor data while loading.
             use_extra_bufts: let llama.cpp repack weights into faster CPU layouts.
+            progress: called while the weights load with the share loaded so far (0.0 to 1.0), on
+                the loading thread with the GIL held for the call; returning False cancels the load
+                (LoadCancelledError), an exception it raises cancels it and propagates. Not called
+                for ``vocab_only``.
 
         Raises:
             ModelLoadError: the file is missing, a directory, not GGUF, truncated or corrupt.
+            LoadCancelledError: ``progress`` returned False.
             UnsupportedModelError: llama.cpp does not support the model's architecture.
             InvalidOptionError: an option has an invalid value.
         """
@@ -95,11 +101,13 @@ class Model:
         if split_mode not in ("none", "layer", "row"):
             raise InvalidOptionError(f"split_mode must be 'none', 'layer' or 'row'; got {split_mode!r}")
         splits = [float(x) for x in tensor_split] if tensor_split is not None else []
+        if progress is not None and not callable(progress):
+            raise InvalidOptionError("progress must be a callable or None")
         _check_model_file(p)
         sync_log_level()
         self._native = _native.Model.load(
             p, n_gpu_layers, main_gpu, split_mode, splits, load_mtp, use_mmap, use_mlock, vocab_only,
-            check_tensors, use_extra_bufts,
+            check_tensors, use_extra_bufts, progress,
         )
         self._path = p
         self._load_mtp = load_mtp

@@ -20,6 +20,7 @@ const char * error_class_name(ErrorKind kind) {
         case ErrorKind::Closed:           return "ClosedError";
         case ErrorKind::IncompatibleVocab:  return "IncompatibleVocabError";
         case ErrorKind::DraftModelRequired: return "DraftModelRequiredError";
+        case ErrorKind::LoadCancelled:      return "LoadCancelledError";
     }
     return "LlamaspecError";
 }

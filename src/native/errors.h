@@ -24,6 +24,7 @@ enum class ErrorKind {
     Closed,             // ClosedError
     IncompatibleVocab,  // IncompatibleVocabError
     DraftModelRequired, // DraftModelRequiredError
+    LoadCancelled,      // LoadCancelledError
 };
 
 // A C++ exception that carries what the Python exception needs: its class, a message, llama.cpp's

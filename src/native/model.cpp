@@ -2,6 +2,7 @@
 #include "model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -49,6 +50,12 @@ std::shared_ptr<Model> Model::load(const std::string & path, const ModelOptions 
     p.vocab_only = opts.vocab_only;
     p.check_tensors = opts.check_tensors;
     p.use_extra_bufts = opts.use_extra_bufts;
+    if (opts.progress) {
+        p.progress_callback = [](float progress, void * user) {
+            return (*static_cast<const std::function<bool(float)> *>(user))(progress);
+        };
+        p.progress_callback_user_data = const_cast<std::function<bool(float)> *>(&opts.progress);
+    }
 
     LogCapture capture;
     llama_model * raw = llama_model_load_from_file(path.c_str(), p);
@@ -224,7 +231,7 @@ void register_model(nb::module_ & m) {
             "load",
             [](const std::string & path, int n_gpu_layers, int main_gpu, const std::string & split_mode,
                const std::vector<float> & tensor_split, bool load_mtp, bool use_mmap, bool use_mlock, bool vocab_only,
-               bool check_tensors, bool use_extra_bufts) {
+               bool check_tensors, bool use_extra_bufts, nb::object progress) {
                 ModelOptions o;
                 o.n_gpu_layers = n_gpu_layers;
                 o.main_gpu = main_gpu;
@@ -236,12 +243,42 @@ void register_model(nb::module_ & m) {
                 o.vocab_only = vocab_only;
                 o.check_tensors = check_tensors;
                 o.use_extra_bufts = use_extra_bufts;
-                nb::gil_scoped_release nogil;
-                return Model::load(path, o);
+                // The progress callable runs on this thread with the GIL taken back for the call;
+                // returning False (or raising) cancels the load, which then raises LoadCancelledError
+                // (or the callable's own exception).
+                std::optional<nb::python_error> raised;
+                bool cancelled = false;
+                if (!progress.is_none()) {
+                    o.progress = [&](float share) {
+                        nb::gil_scoped_acquire gil;
+                        try {
+                            nb::object r = progress(share);
+                            cancelled = r.is(nb::borrow(Py_False));
+                        } catch (nb::python_error & e) {
+                            raised.emplace(std::move(e));
+                            cancelled = true;
+                        }
+                        return !cancelled;
+                    };
+                }
+                std::shared_ptr<Model> m;
+                try {
+                    nb::gil_scoped_release nogil;
+                    m = Model::load(path, o);
+                } catch (const Error &) {
+                    if (!cancelled) throw;
+                }
+                if (raised) throw std::move(*raised);
+                if (cancelled) {
+                    throw Error(ErrorKind::LoadCancelled, "loading '" + path + "' was cancelled by the progress callback",
+                                0, false, path);
+                }
+                return m;
             },
             nb::arg("path"), nb::arg("n_gpu_layers"), nb::arg("main_gpu"), nb::arg("split_mode"), nb::arg("tensor_split"),
             nb::arg("load_mtp"), nb::arg("use_mmap"), nb::arg("use_mlock"), nb::arg("vocab_only"),
-            nb::arg("check_tensors"), nb::arg("use_extra_bufts"), "Load a GGUF file (releases the GIL).")
+            nb::arg("check_tensors"), nb::arg("use_extra_bufts"), nb::arg("progress").none(),
+            "Load a GGUF file (releases the GIL; progress(share) is called with it held).")
         .def_prop_ro("path", &Model::path)
         .def_prop_ro("description",
                      [](const Model & self) {

@@ -1,6 +1,7 @@
 // The native Model: owns one llama_model; shared (std::shared_ptr) by every context built on it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,8 @@ struct ModelOptions {
     bool vocab_only = false;
     bool check_tensors = false;
     bool use_extra_bufts = true;
+    // Called from the loading thread with the share loaded (0..1); false cancels the load. Empty: none.
+    std::function<bool(float)> progress;
 };
 
 // Ownership: the llama_model is freed when the last shared_ptr goes, i.e. after the Python Model and
