@@ -55,18 +55,38 @@ def method_arg(v: str) -> str:
 
 
 def add_model_arguments(p: argparse.ArgumentParser, what: str) -> None:
-    """MODEL (positional) or -m MODEL (llama.cpp's flag); read back with :func:`model_path`."""
+    """MODEL (positional), -m MODEL (llama.cpp's flag) or -hf REPO[:QUANT] (a Hugging Face Hub
+    repository, as llama.cpp's tools); read back with :func:`model_path`."""
     p.add_argument("model_pos", nargs="?", metavar="MODEL", help=f"the GGUF file {what}")
     p.add_argument("-m", "--model", dest="model_opt", metavar="PATH", help="the GGUF file (llama.cpp's flag)")
+    p.add_argument(
+        "-hf",
+        "--hf-repo",
+        dest="hf_repo",
+        metavar="REPO[:QUANT]",
+        help="a Hugging Face Hub repository instead of a file: the GGUF with QUANT in its name (default "
+        "Q4_K_M, else the first); the first use downloads it into the Hub cache (needs huggingface_hub)",
+    )
+    p.add_argument("-hff", "--hf-file", dest="hf_file", metavar="NAME",
+                   help="with -hf: the file name or glob")
 
 
 def model_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
-    """The model the command line names; a missing or doubled model is a usage error (exit 2)."""
-    model: str | None = a.model_opt or a.model_pos
-    if not model:
-        p.error(f"a model is required: {p.prog} MODEL.gguf (or -m MODEL.gguf)")
-    if a.model_opt and a.model_pos:
-        p.error("give the model once: positional or -m, not both")
+    """The model the command line names, as a local path (-hf downloads it when needed: a failure
+    there is a ModelLoadError); a missing or doubled model is a usage error (exit 2)."""
+    given = [v for v in (a.model_pos, a.model_opt, a.hf_repo) if v]
+    if not given:
+        p.error(f"a model is required: {p.prog} MODEL.gguf (or -m MODEL.gguf, or -hf REPO[:QUANT])")
+    if len(given) > 1:
+        p.error("give the model once: MODEL, -m or -hf")
+    if a.hf_file and not a.hf_repo:
+        p.error("--hf-file needs -hf REPO")
+    if a.hf_repo:
+        from ._hub import hub_file, split_repo
+
+        repo, quant = split_repo(a.hf_repo)
+        return hub_file(repo, a.hf_file, quant=None if a.hf_file else quant)
+    model: str = given[0]
     return model
 
 

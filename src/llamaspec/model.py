@@ -112,6 +112,45 @@ class Model:
         self._path = p
         self._load_mtp = load_mtp
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        repo_id: str,
+        filename: str | None = None,
+        *,
+        quant: str | None = None,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+        **options: Any,
+    ) -> Model:
+        """Load a GGUF file of a Hugging Face Hub repository; the first use downloads it into the
+        Hub's cache (huggingface_hub, an optional dependency: ``pip install 'llamaspec[hub]'``; its
+        ``HF_TOKEN`` and ``HF_HUB_OFFLINE=1`` apply).
+
+        Args:
+            repo_id: "org/name", or "org/name:QUANT" (a quantization tag, as llama.cpp's ``-hf``).
+            filename: a file name or glob (e.g. "*Q8_0.gguf"); None: the GGUF with ``quant`` in its
+                name, else Q4_K_M when there is one, else the first by name (never an mmproj file;
+                every part of a split model is fetched).
+            quant: the quantization tag (instead of the ":QUANT" suffix).
+            revision: a branch, tag or commit (default: main).
+            cache_dir: the Hub cache to use (default: huggingface_hub's).
+            token: a Hub token (default: huggingface_hub's, e.g. ``HF_TOKEN``).
+            **options: Model's own options (n_gpu_layers, progress, ...).
+
+        Raises:
+            ModelLoadError: huggingface_hub is missing, the repository or file cannot be had, no
+                file matches, or loading fails.
+        """
+        from ._hub import hub_file, split_repo
+
+        if quant is None and filename is None:
+            repo_id, quant = split_repo(repo_id)
+        path = hub_file(repo_id, filename, quant=quant, revision=revision,
+                        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, token=token)
+        return cls(path, **options)
+
     # -- lifetime -------------------------------------------------------------------------------
 
     def _require(self) -> _native.Model:
