@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import subprocess
+import sys
 import statistics
 from pathlib import Path
 from typing import Literal
@@ -135,6 +138,18 @@ def fixture_demo(console: Console, args: argparse.Namespace) -> None:
     console.print("fixed k: n_draft=k. acc/len: the share of drafted tokens accepted / draft tokens per verify "
                   "(0: every step was plain). The default chooses each verify's length from what it measures "
                   "(ADR 0009).")
+    if args.bench:
+        # the same comparison from the command line, as a user runs it on their own model
+        path = cache / f"speed-mtp-{LEVELS['~74%']}.gguf"
+        with llamaspec.Model(path, vocab_only=True) as vm:
+            from llamaspec_fixtures import fixture_next_map
+
+            prompt = vm.detokenize(fixture_next_map(1234)[0][:8])
+        cmd = ["llamaspec", "bench", str(path), "--raw", "-p", prompt, "-n", str(args.tokens),
+               "-r", str(args.runs), "-t", str(args.threads), "--n-draft", "auto", str(args.fixed or 3)]
+        console.rule("the same measurement with llamaspec bench (~74% acceptance)")
+        console.print("$ " + " ".join(shlex.quote(c) for c in cmd))
+        subprocess.run([sys.executable, "-m", "llamaspec", *cmd[1:]], check=True)
 
 
 def model_demo(console: Console, args: argparse.Namespace) -> None:
@@ -168,6 +183,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--no-bench", dest="bench", action="store_false",
+                    help="on the fixtures, skip the closing llamaspec bench run")
     args = ap.parse_args()
     console = Console()
     if args.model:
