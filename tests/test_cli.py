@@ -241,6 +241,9 @@ def test_info_describes_an_mtp_fixture(fx_info: FixtureInfo) -> None:
         assert d["n_layer_mtp"] == m.n_layer_nextn == 1 and d["default_drafter"] == "mtp"
         assert d["architecture"] == "qwen35" and d["n_vocab"] == m.n_vocab
     assert "CPU" in d["build"]["backends"]
+    names = [n for n, _ in llamaspec.backends()]
+    assert d["build"]["gpu_backends"] == [n for n in names if n not in ("CPU", "BLAS", "RPC")]
+    assert d["build"]["rpc"] == ("RPC" in names)
     text = cli("info", fx_info.path)
     assert text.returncode == 0 and "\x1b" not in text.stdout
     assert "+ 1 MTP" in text.stdout and "run/serve draft with it by default" in text.stdout

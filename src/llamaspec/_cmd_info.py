@@ -14,6 +14,9 @@ from ._terminal import LoadBar
 from .model import Model
 
 
+HOST_BACKENDS = ("CPU", "BLAS", "RPC")  # ggml registries that are not a GPU (RPC reaches other machines)
+
+
 def add_info_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `llamaspec info`."""
     add_model_arguments(p, "to describe")
@@ -33,6 +36,7 @@ def _token(model: Model, t: int | None) -> dict[str, Any] | None:
 def describe(model: Model) -> dict[str, Any]:
     """The facts `info` prints, as a JSON-ready dict."""
     eog = [t for t in range(model.n_vocab) if model.is_eog(t)]
+    regs = backends()
     return {
         "path": model.path,
         "architecture": model.architecture,
@@ -53,7 +57,9 @@ def describe(model: Model) -> dict[str, Any]:
         },
         "build": {
             "llamaspec": __version__,
-            "backends": {name: devices for name, devices in backends()},
+            "backends": {name: devices for name, devices in regs},
+            "gpu_backends": [name for name, _ in regs if name not in HOST_BACKENDS],
+            "rpc": any(name == "RPC" for name, _ in regs),
         },
     }
 
@@ -92,6 +98,8 @@ def render(d: dict[str, Any], template_lines: int) -> str:
                                                                          else "") or "none"),
         ("backends", "; ".join(f"{n}: {', '.join(devs) or 'no device yet'}"
                                for n, devs in d["build"]["backends"].items())),
+        ("GPU", ", ".join(d["build"]["gpu_backends"]) or "none in this build (-ngl has no effect)"),
+        ("RPC", "built in" if d["build"]["rpc"] else "not in this build"),
         ("llamaspec", d["build"]["llamaspec"]),
     ]
     width = max(len(k) for k, _ in rows)
