@@ -59,6 +59,10 @@ try:
     llamaspec.Model.from_pretrained("llamaspec/not-cached")
 except llamaspec.ModelLoadError as e:
     out["not cached"] = str(e)
+try:
+    llamaspec.Model.from_pretrained("{REPO}:Q8_0", "*.gguf")
+except llamaspec.InvalidOptionError as e:
+    out["twice"] = str(e)
 print(json.dumps(out))
 """, hub)
     assert r.returncode == 0, r.stderr
@@ -69,6 +73,7 @@ print(json.dumps(out))
     assert out["default"] == ["tiny-qwen35-F16.gguf", n_layer]  # no Q4_K_M: the first by name, no mmproj
     assert "no GGUF file with 'Q2_K'" in out["no match"] and "tiny-qwen35-Q8_0.gguf" in out["no match"]
     assert "llamaspec/not-cached" in out["not cached"] and "offline" in out["not cached"]
+    assert "give the quantization once" in out["twice"]
 
 
 def test_run_and_info_take_a_model_by_name(hub: dict[str, str], fx_info: FixtureInfo) -> None:
@@ -89,7 +94,9 @@ def test_run_and_info_take_a_model_by_name(hub: dict[str, str], fx_info: Fixture
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
     assert "llamaspec/not-cached" in bad.stderr
     for args in (["run", fx_info.path, "-hf", REPO, "-p", "x"],
-                 ["run", "-hff", "x.gguf", fx_info.path, "-p", "x"]):
+                 ["run", "-hff", "x.gguf", fx_info.path, "-p", "x"],
+                 ["run", "-hf", f"{REPO}:F16", "-hff", "*.gguf", "-p", "x"],
+                 ["run", "-hf", "llamaspec/not-cached", "-p", "x", "-n", "0"]):  # usage errors come first
         usage = subprocess.run([sys.executable, "-m", "llamaspec", *args], capture_output=True, text=True,
                                env=hub, timeout=120)
         assert usage.returncode == 2 and "Traceback" not in usage.stderr, usage.stderr

@@ -77,7 +77,9 @@ def system_info() -> str:
     return _native.system_info()
 
 
-def backends() -> list[tuple[str, list[str]]]:
-    """The compute backends this build has: (ggml registry name, its devices), e.g.
-    ``[("CPU", ["CPU (AMD EPYC)"])]``; a GPU build adds e.g. ("CUDA", [...]), an RPC build ("RPC", [])."""
+def backends() -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """The compute backends this build has: (ggml registry name, its devices as (name, description,
+    kind)), kind one of "cpu", "gpu", "igpu" (integrated), "accel"; e.g.
+    ``[("CPU", [("CPU", "AMD EPYC", "cpu")])]``. A GPU build adds e.g. ("CUDA", [...]) with a device
+    per GPU it finds (none on a machine without one); an RPC build adds ("RPC", [])."""
     return [(name, list(devices)) for name, devices in _native.backends()]

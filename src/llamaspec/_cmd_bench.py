@@ -21,10 +21,11 @@ from ._cmd_run import n_ctx_for, prompt_ids
 from ._flags import (
     add_context_arguments,
     add_model_arguments,
+    add_n_predict_argument,
+    add_speculative_arguments,
+    check_context_arguments,
     context_options,
-    method_arg,
     model_path,
-    n_draft_arg,
 )
 from ._terminal import LoadBar, is_terminal
 from .errors import InvalidOptionError
@@ -43,17 +44,10 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("-f", "--file", help="read the prompt from this file")
     w.add_argument("--system", help="a system message (with the chat template)")
     w.add_argument("--raw", action="store_true", help="the prompt as it is, without the chat template")
-    w.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=128,
-                   help="tokens generated per call (default 128)")
+    add_n_predict_argument(w, 128, "tokens generated per call (default 128)")
     w.add_argument("-r", "--repetitions", dest="runs", type=int, default=3,
                    help="timed calls per configuration; the table shows medians (default 3)")
-    s = p.add_argument_group("speculative decoding")
-    s.add_argument("--method", "--spec-type", dest="method", type=method_arg,
-                   help="the drafter (default: mtp when the model has MTP layers, draft with -md)")
-    s.add_argument("-md", "--draft-model", "--model-draft", dest="draft_model", help="a draft model GGUF")
-    s.add_argument("--n-draft", "--draft-max", dest="n_drafts", type=n_draft_arg, nargs="+",
-                   default=["auto", 3], help="the draft lengths to compare with plain decoding, 'auto' "
-                   "included (default: auto 3)")
+    add_speculative_arguments(p, several=True)
     eng = p.add_argument_group("engine")
     add_context_arguments(eng, "context size (default 0: the prompt and -n, rounded up)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -95,14 +89,15 @@ def _progress(text: str) -> None:
 
 def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`llamaspec bench`; returns the exit code."""
-    path = model_path(p, a)
     if a.n_predict < 1:
         p.error(f"-n/--n-predict must be >= 1, got {a.n_predict}")
     if a.runs < 1:
         p.error(f"-r/--repetitions must be >= 1, got {a.runs}")
+    check_context_arguments(p, a)
     if a.file is not None:
         with open(a.file, encoding="utf-8") as f:
             a.prompt = f.read()
+    path = model_path(p, a)  # last: -hf may download
     with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
         method = a.method or ("mtp" if model.has_mtp else ("draft" if a.draft_model else None))
         if method is None or method == "none":
@@ -117,7 +112,7 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
                 if n == 0:
                     continue  # plain decoding is always there
                 spec = Speculative(model, method=method.split(","), n_draft=n, draft_model=a.draft_model,
-                                   n_ctx=n_ctx, **opts)
+                                   n_draft_min=a.n_draft_min, p_min=a.p_min, n_ctx=n_ctx, **opts)
                 sides.append(Side(f"{method} {n}", spec, n))
             return _measure(a, model, method, sides, ids)
         finally:

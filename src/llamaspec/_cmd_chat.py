@@ -18,12 +18,13 @@ from ._cmd_run import n_ctx_for, stream_answer
 from ._flags import (
     add_context_arguments,
     add_model_arguments,
+    add_n_predict_argument,
     add_sampling_arguments,
     add_speculative_arguments,
-    context_options,
+    check_context_arguments,
     model_path,
-    open_session,
     sampling_from_args,
+    session_from_args,
 )
 from ._terminal import LoadBar, is_terminal
 from .errors import ChatTemplateError
@@ -38,14 +39,8 @@ def add_chat_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `llamaspec chat`."""
     add_model_arguments(p, "to chat with")
     p.add_argument("--system", help="the system message")
-    p.add_argument(
-        "-n",
-        "--n-predict",
-        "--predict",
-        dest="n_predict",
-        type=int,
-        default=-1,
-        help="tokens per answer at most (default -1: until the model stops or the context is full)",
+    add_n_predict_argument(
+        p, -1, "tokens per answer at most (default -1: until the model stops or the context is full)"
     )
     eng = p.add_argument_group("engine")
     add_context_arguments(
@@ -158,23 +153,14 @@ class Chat:
 
 def chat(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`llamaspec chat`; returns the exit code."""
-    path = model_path(p, a)
     if a.n_predict == 0 or a.n_predict < -1:
         p.error(f"-n/--n-predict must be >= 1 or -1, got {a.n_predict}")
+    check_context_arguments(p, a)
+    path = model_path(p, a)  # last: -hf may download
     with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
         if model.chat_template is None:
             raise ChatTemplateError(f"{path} has no chat template: use llamaspec run --raw")
         n_ctx = n_ctx_for(model, a.n_ctx)
-        session, method = open_session(
-            model,
-            method=a.method,
-            draft_model=a.draft_model,
-            n_draft=a.n_draft,
-            n_draft_min=a.n_draft_min,
-            p_min=a.p_min,
-            n_seq=1,
-            n_ctx=n_ctx,
-            **context_options(a),
-        )
+        session, method = session_from_args(model, a, n_ctx)
         with session:
             return Chat(a, model, method, session, n_ctx).loop()

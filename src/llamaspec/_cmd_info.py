@@ -14,9 +14,6 @@ from ._terminal import LoadBar
 from .model import Model
 
 
-HOST_BACKENDS = ("CPU", "BLAS", "RPC")  # ggml registries that are not a GPU (RPC reaches other machines)
-
-
 def add_info_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `llamaspec info`."""
     add_model_arguments(p, "to describe")
@@ -57,8 +54,10 @@ def describe(model: Model) -> dict[str, Any]:
         },
         "build": {
             "llamaspec": __version__,
-            "backends": {name: devices for name, devices in regs},
-            "gpu_backends": [name for name, _ in regs if name not in HOST_BACKENDS],
+            "backends": {name: [{"name": n, "description": desc, "kind": kind} for n, desc, kind in devices]
+                         for name, devices in regs},
+            "gpus": [f"{n} ({desc})" for _, devices in regs for n, desc, kind in devices
+                     if kind in ("gpu", "igpu")],
             "rpc": any(name == "RPC" for name, _ in regs),
         },
     }
@@ -96,9 +95,9 @@ def render(d: dict[str, Any], template_lines: int) -> str:
         ("EOS", _show(d["special_tokens"]["eos"])),
         ("end of generation", ", ".join(_show(t) for t in eog[:8]) + (f" (+{len(eog) - 8})" if len(eog) > 8
                                                                          else "") or "none"),
-        ("backends", "; ".join(f"{n}: {', '.join(devs) or 'no device yet'}"
+        ("backends", "; ".join(f"{n}: {', '.join(dev['description'] for dev in devs) or 'no device'}"
                                for n, devs in d["build"]["backends"].items())),
-        ("GPU", ", ".join(d["build"]["gpu_backends"]) or "none in this build (-ngl has no effect)"),
+        ("GPU", ", ".join(d["build"]["gpus"]) or "none (-ngl has no effect)"),
         ("RPC", "built in" if d["build"]["rpc"] else "not in this build"),
         ("llamaspec", d["build"]["llamaspec"]),
     ]

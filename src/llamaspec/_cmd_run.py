@@ -13,12 +13,13 @@ from typing import Any
 from ._flags import (
     add_context_arguments,
     add_model_arguments,
+    add_n_predict_argument,
     add_sampling_arguments,
     add_speculative_arguments,
-    context_options,
+    check_context_arguments,
     model_path,
-    open_session,
     sampling_from_args,
+    session_from_args,
 )
 from ._terminal import LoadBar, StatusLine, is_terminal
 from .errors import ContextOverflowError
@@ -45,14 +46,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "has no template)",
     )
     out = p.add_argument_group("output")
-    out.add_argument(
-        "-n",
-        "--n-predict",
-        "--predict",
-        dest="n_predict",
-        type=int,
-        default=-1,
-        help="tokens to generate at most (default -1: until the model stops or the context is full)",
+    add_n_predict_argument(
+        out, -1, "tokens to generate at most (default -1: until the model stops or the context is full)"
     )
     out.add_argument("--json", action="store_true", help="print one JSON object with the text and statistics")
     eng = p.add_argument_group("engine")
@@ -179,29 +174,20 @@ def report(model: Model, method: str, session: Generator | Speculative, text: st
 
 def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`llamaspec run`; returns the exit code (130 after Ctrl-C)."""
-    path = model_path(p, a)
     if a.n_predict == 0 or a.n_predict < -1:
         p.error(f"-n/--n-predict must be >= 1 or -1, got {a.n_predict}")
+    check_context_arguments(p, a)
     text = read_prompt(p, a)
     sampling = sampling_from_args(a)
+    path = model_path(p, a)  # last: -hf may download
     with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
         n_ctx = n_ctx_for(model, a.n_ctx)
         ids = prompt_ids(model, text, a)
         room = n_ctx - len(ids)
         if room < 1:
             raise ContextOverflowError(f"the prompt has {len(ids)} tokens, the context {n_ctx} (-c)")
-        max_tokens = room if a.n_predict < 0 else a.n_predict
-        session, method = open_session(
-            model,
-            method=a.method,
-            draft_model=a.draft_model,
-            n_draft=a.n_draft,
-            n_draft_min=a.n_draft_min,
-            p_min=a.p_min,
-            n_seq=1,
-            n_ctx=n_ctx,
-            **context_options(a),
-        )
+        max_tokens = room if a.n_predict < 0 else min(a.n_predict, room)  # stops when the context is full
+        session, method = session_from_args(model, a, n_ctx)
         with session:
             return _stream(a, model, method, session, ids, max_tokens, sampling)
 
@@ -234,9 +220,11 @@ def stream_answer(session: Generator | Speculative, method: str, ids: list[int],
     except KeyboardInterrupt:
         interrupted = True  # leaving the loop stops the native work (the generator is closed below)
     finally:
-        events.close()  # type: ignore[attr-defined]
-        if line is not None:
-            line.close()
+        try:
+            events.close()  # type: ignore[attr-defined]
+        finally:  # the terminal is given back even if a second Ctrl-C lands in the close
+            if line is not None:
+                line.close()
     return "".join(pieces), done, interrupted
 
 

@@ -85,7 +85,9 @@ def model_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
         from ._hub import hub_file, split_repo
 
         repo, quant = split_repo(a.hf_repo)
-        return hub_file(repo, a.hf_file, quant=None if a.hf_file else quant)
+        if quant and a.hf_file:
+            p.error("give -hf REPO:QUANT or -hf REPO --hf-file NAME, not both")
+        return hub_file(repo, a.hf_file, quant=quant)
     model: str = given[0]
     return model
 
@@ -108,8 +110,27 @@ def add_context_arguments(g: argparse._ArgumentGroup, ctx_help: str) -> None:
     )
 
 
-def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
-    """--method, --draft-model, --n-draft, --draft-min, --draft-p-min (with llama.cpp's spellings)."""
+def add_n_predict_argument(g: argparse.ArgumentParser | argparse._ArgumentGroup, default: int,
+                           what: str) -> None:
+    """-n/--n-predict (llama.cpp's spelling), -1 meaning no limit but the context."""
+    g.add_argument("-n", "--n-predict", "--predict", dest="n_predict", type=int, default=default, help=what)
+
+
+def check_context_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """-c >= 0, and -t, -tb, -b, -ub >= 1 where given: otherwise a usage error (exit 2)."""
+    if a.n_ctx < 0:
+        p.error(f"-c/--ctx-size must be >= 0, got {a.n_ctx}")
+    for flag, v in (("-t/--threads", a.n_threads), ("-tb/--threads-batch", a.n_threads_batch),
+                    ("-b/--batch-size", a.n_batch), ("-ub/--ubatch-size", a.n_ubatch)):
+        if v is not None and v < 1:
+            p.error(f"{flag} must be >= 1, got {v}")
+    if a.n_gpu_layers < -1:
+        p.error(f"-ngl/--n-gpu-layers must be >= -1, got {a.n_gpu_layers}")
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """--method, --draft-model, --n-draft, --draft-min, --draft-p-min (with llama.cpp's spellings);
+    with ``several``, --n-draft takes one or more lengths (into ``n_drafts``: bench compares them)."""
     spec = p.add_argument_group("speculative decoding")
     spec.add_argument(
         "--method",
@@ -127,17 +148,17 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
         dest="draft_model",
         help="a draft model GGUF",
     )
+    lengths: dict[str, Any] = (
+        dict(dest="n_drafts", nargs="+", default=["auto", 3],
+             help="the draft lengths to compare with plain decoding, 'auto' included (default: auto 3; "
+             "give MODEL before them)")
+        if several else
+        dict(dest="n_draft", default="auto",
+             help="draft length per verify: 'auto' (the default: chosen per verify from measured acceptance "
+             "and costs, plain decoding when drafting does not pay) or a fixed longest draft")
+    )
     spec.add_argument(
-        "--n-draft",
-        "--draft-max",
-        "--draft",
-        "--draft-n",
-        "--spec-draft-n-max",
-        dest="n_draft",
-        type=n_draft_arg,
-        default="auto",
-        help="draft length per verify: 'auto' (the default: chosen per verify from measured acceptance and "
-        "costs, plain decoding when drafting does not pay) or a fixed longest draft",
+        "--n-draft", "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", type=n_draft_arg, **lengths
     )
     spec.add_argument(
         "--draft-min",
@@ -215,8 +236,24 @@ def open_session(
     return spec, method
 
 
-def context_options(a: argparse.Namespace) -> dict[str, int]:
-    """The threads and batch flags that were given, as session options."""
+def session_from_args(model: Model, a: argparse.Namespace, n_ctx: int) -> tuple[Generator | Speculative, str]:
+    """:func:`open_session` for one sequence with the drafter, threads and batch flags of ``a``."""
+    return open_session(
+        model,
+        method=a.method,
+        draft_model=a.draft_model,
+        n_draft=a.n_draft,
+        n_draft_min=a.n_draft_min,
+        p_min=a.p_min,
+        n_seq=1,
+        n_ctx=n_ctx,
+        **context_options(a),
+    )
+
+
+def context_options(a: object) -> dict[str, int]:
+    """The threads and batch settings that were given (flags, or any object with the attributes
+    n_threads, n_threads_batch, n_batch and n_ubatch, e.g. the server's config), as session options."""
     return {
         k: v
         for k in ("n_threads", "n_threads_batch", "n_batch", "n_ubatch")

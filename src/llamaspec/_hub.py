@@ -6,8 +6,8 @@ Which file: a name or glob when given; else a quantization tag (``repo:Q8_0``: t
 holds it, in any case); else Q4_K_M when the repository has one (llama.cpp's ``-hf`` default), else
 the first GGUF by name. Projector files (``mmproj*``) are never chosen. A model split into parts
 (``-00001-of-00003.gguf``) comes with all its parts and loads from the first. Online, only the
-chosen files are downloaded; offline (or when the Hub cannot be reached) the choice is made among
-the files already in the cache.
+chosen files are downloaded (``hf_hub_download``, each by its name); offline (or when the Hub
+cannot be reached) the choice is made among the files already in the cache.
 """
 
 from __future__ import annotations
@@ -82,18 +82,17 @@ def hub_file(repo_id: str, filename: str | None = None, *, quant: str | None = N
         names, listing_error = None, e
     if names is not None:
         chosen = choose(names, filename, quant, repo_id)
-        try:
-            folder = huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
-                                                       token=token, allow_patterns=chosen)
+        try:  # each chosen file by its name (not as a pattern: a name may hold [ or *)
+            paths = [huggingface_hub.hf_hub_download(repo_id, name, revision=revision, cache_dir=cache_dir,
+                                                     token=token) for name in chosen]
         except Exception as e:
             raise failed(e) from e
-    else:
-        try:
-            folder = huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
-                                                       token=token, local_files_only=True)
-        except Exception as e:  # not cached either: the listing's error says why
-            raise failed(listing_error or e) from e
-        cached = [os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
-                  for d, _, files in os.walk(folder) for f in files]
-        chosen = choose(cached, filename, quant, repo_id)
-    return os.path.join(folder, chosen[0])
+        return paths[0]
+    try:
+        folder = huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir,
+                                                   token=token, local_files_only=True)
+    except Exception as e:  # not cached either: the listing's error says why
+        raise failed(listing_error or e) from e
+    cached = [os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
+              for d, _, files in os.walk(folder) for f in files]
+    return os.path.join(folder, choose(cached, filename, quant, repo_id)[0])

@@ -18,9 +18,30 @@ from ._cmd_bench import add_bench_arguments, bench
 from ._cmd_chat import add_chat_arguments, chat
 from ._cmd_info import add_info_arguments, info
 from ._cmd_run import add_run_arguments, run
+from ._terminal import is_terminal
 from .errors import LlamaspecError
 
 Command = Callable[[argparse.ArgumentParser, argparse.Namespace], int]
+
+
+# name, its arguments, the command, a line for `llamaspec --help`, its own --help's description
+SUBCOMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Command, str, str]] = [
+    ("run", add_run_arguments, run, "generate one answer, streamed, with live statistics",
+     "Generate one answer to a prompt and stream it, with a status line (tokens/s, acceptance, draft "
+     "length in use) on a terminal. The model's chat template is used when it has one (--raw: the text "
+     "as it is)."),
+    ("chat", add_chat_arguments, chat, "a conversation in the terminal",
+     "Chat with a model through its chat template: each turn reuses what the earlier turns decoded. "
+     "/reset forgets the conversation, /stats prints statistics, /exit or Ctrl-D leaves, Ctrl-C stops "
+     "the current answer. Piped, each line of standard input is a message."),
+    ("bench", add_bench_arguments, bench, "plain vs speculative decoding side by side, as ratios",
+     "Measure plain decoding and speculative decoding at each --n-draft side by side in one run "
+     "(sessions warmed up, the order rotating per round, medians of -r rounds): tokens/s, the ratio to "
+     "plain decoding, acceptance, mean draft length, and whether the text equals plain decoding's."),
+    ("info", add_info_arguments, info, "what a GGUF file holds and what this build runs it on",
+     "Architecture, size, context, MTP layers, chat template, special tokens of a GGUF model, and this "
+     "build's backends."),
+]
 
 
 def _guarded(name: str, cmd: Command, p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
@@ -28,15 +49,23 @@ def _guarded(name: str, cmd: Command, p: argparse.ArgumentParser, a: argparse.Na
     traceback too with --verbose); Ctrl-C outside a generation is exit 130."""
     try:
         return cmd(p, a)
-    except (LlamaspecError, OSError) as e:
+    except (LlamaspecError, OSError, UnicodeError) as e:  # UnicodeError: a prompt file that is not UTF-8
+        _clear_line()
         if getattr(a, "verbose", False):
             traceback.print_exc()
         message = " ".join(str(e).split()) or type(e).__name__
         print(f"llamaspec {name}: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        _clear_line()
         print(f"llamaspec {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def _clear_line() -> None:
+    """Clear a progress line (the load bar, bench's progress) that a failure cut short."""
+    if is_terminal(sys.stderr):
+        sys.stderr.write("\r\x1b[2K")
 
 
 def _serve(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
@@ -92,42 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     commands: dict[str, tuple[argparse.ArgumentParser, Command]] = {}
-    rp = sub.add_parser(
-        "run",
-        help="generate one answer, streamed, with live statistics",
-        description="Generate one answer to a prompt and stream it, with a status line (tokens/s, "
-        "acceptance, draft length in use) on a terminal. The model's chat template is used when it has "
-        "one (--raw: the text as it is).",
-    )
-    add_run_arguments(rp)
-    commands["run"] = (rp, run)
-    chp = sub.add_parser(
-        "chat",
-        help="a conversation in the terminal",
-        description="Chat with a model through its chat template: each turn reuses what the earlier "
-        "turns decoded. /reset forgets the conversation, /stats prints statistics, /exit or Ctrl-D "
-        "leaves, Ctrl-C stops the current answer. Piped, each line of standard input is a message.",
-    )
-    add_chat_arguments(chp)
-    commands["chat"] = (chp, chat)
-    bp = sub.add_parser(
-        "bench",
-        help="plain vs speculative decoding side by side, as ratios",
-        description="Measure plain decoding and speculative decoding at each --n-draft side by side "
-        "in one run (sessions warmed up, the order rotating per round, medians of -r rounds): tokens/s, "
-        "the ratio to plain decoding, acceptance, mean draft length, and whether the text equals plain "
-        "decoding's.",
-    )
-    add_bench_arguments(bp)
-    commands["bench"] = (bp, bench)
-    ip = sub.add_parser(
-        "info",
-        help="what a GGUF file holds and what this build runs it on",
-        description="Architecture, size, context, MTP layers, chat template, special tokens of a GGUF "
-        "model, and this build's backends.",
-    )
-    add_info_arguments(ip)
-    commands["info"] = (ip, info)
+    for name, add_arguments, cmd, summary, description in SUBCOMMANDS:
+        cp = sub.add_parser(name, help=summary, description=description)
+        add_arguments(cp)
+        commands[name] = (cp, cmd)
     sp = sub.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server",

@@ -142,12 +142,14 @@ class Model:
         Raises:
             ModelLoadError: huggingface_hub is missing, the repository or file cannot be had, no
                 file matches, or loading fails.
+            InvalidOptionError: a ":QUANT" tag together with ``quant`` or ``filename``.
         """
         from ._hub import hub_file, split_repo
 
-        if quant is None and filename is None:
-            repo_id, quant = split_repo(repo_id)
-        path = hub_file(repo_id, filename, quant=quant, revision=revision,
+        repo_id, tag = split_repo(repo_id)
+        if tag is not None and (quant is not None or filename is not None):
+            raise InvalidOptionError(f"give the quantization once: {repo_id}:{tag}, quant= or filename=")
+        path = hub_file(repo_id, filename, quant=quant or tag, revision=revision,
                         cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, token=token)
         return cls(path, **options)
 

@@ -2,9 +2,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -43,20 +45,28 @@ NB_MODULE(_native, m) {
         "backends",
         [] {
             // ggml's backend registries (CPU, CUDA, Metal, RPC, ...) and the devices each offers
-            std::vector<std::pair<std::string, std::vector<std::string>>> out;
+            using Device = std::tuple<std::string, std::string, std::string>;
+            std::vector<std::pair<std::string, std::vector<Device>>> out;
             for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
                 ggml_backend_reg_t reg = ggml_backend_reg_get(i);
-                std::vector<std::string> devices;
+                std::vector<Device> devices;
                 for (size_t j = 0; j < ggml_backend_reg_dev_count(reg); ++j) {
                     ggml_backend_dev_t dev = ggml_backend_reg_dev_get(reg, j);
-                    devices.push_back(std::string(ggml_backend_dev_name(dev)) + " (" +
-                                      ggml_backend_dev_description(dev) + ")");
+                    const char * kind = "accel";
+                    switch (ggml_backend_dev_type(dev)) {
+                        case GGML_BACKEND_DEVICE_TYPE_CPU: kind = "cpu"; break;
+                        case GGML_BACKEND_DEVICE_TYPE_GPU: kind = "gpu"; break;
+                        case GGML_BACKEND_DEVICE_TYPE_IGPU: kind = "igpu"; break;
+                        default: break;
+                    }
+                    devices.emplace_back(ggml_backend_dev_name(dev), ggml_backend_dev_description(dev), kind);
                 }
                 out.emplace_back(ggml_backend_reg_name(reg), std::move(devices));
             }
             return out;
         },
-        "The compiled backends: (registry name, its devices as 'name (description)').");
+        "The compiled backends: (registry name, its devices as (name, description, kind)), kind one of "
+        "'cpu', 'gpu', 'igpu', 'accel'.");
     m.def("max_devices", [] { return llama_max_devices(); });
     m.def("supports_gpu_offload", [] { return llama_supports_gpu_offload(); });
     m.def("supports_mmap", [] { return llama_supports_mmap(); });

@@ -14,8 +14,10 @@ from typing import Any, Literal
 from .._flags import (
     add_context_arguments,
     add_model_arguments,
+    add_n_predict_argument,
     add_sampling_arguments,
     add_speculative_arguments,
+    check_context_arguments,
     model_path,
     sampling_from_args,
 )
@@ -134,15 +136,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "total context, split evenly over the sequences (default 0: the model's training context, "
         "at most 16384)",
     )
-    eng.add_argument(
-        "-n",
-        "--n-predict",
-        "--predict",
-        dest="n_predict",
-        type=int,
-        default=-1,
-        help="default max tokens of a request (-1: until the context is full)",
-    )
+    add_n_predict_argument(eng, -1, "default max tokens of a request (-1: until the context is full)")
     eng.add_argument("--chat-template-file", help="a Jinja chat template to use instead of the model's")
     eng.add_argument(
         "--jinja",
@@ -156,7 +150,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> ServerConfig:
     """Check the parsed options together; a problem is a usage error (p.error exits with 2)."""
-    model = model_path(p, a)
     keys = [k for k in a.api_key if k]
     if a.api_key_file:
         try:
@@ -172,11 +165,11 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         p.error(f"--cache-ram must be in [-1, 2**30], got {a.cache_ram_mb}")
     if a.n_seq < 1 or a.n_seq > 64:
         p.error(f"-np/--n-seq must be in [1, 64], got {a.n_seq}")
-    if a.n_ctx < 0:
-        p.error(f"-c/--ctx-size must be >= 0, got {a.n_ctx}")
+    check_context_arguments(p, a)
     if a.queue < 0:
         p.error(f"--queue must be >= 0, got {a.queue}")
     sampling = sampling_from_args(a)  # llama-server's seed -1: a random seed per request
+    model = model_path(p, a)  # last: -hf may download
     return ServerConfig(
         model=model,
         host=a.host,

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._flags import context_options
 from .._flags import open_session as shared_open_session
 from ..events import Done, Event, GenerationStats, Token
 from ..generator import Generator
@@ -105,16 +106,6 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
     """The session the server runs on: (session, method name or "none", context per sequence)."""
     n_ctx_total = cfg.n_ctx or min(model.n_ctx_train or 4096, 16384)
     n_ctx_seq = max(n_ctx_total // cfg.n_seq, 8)
-    opts = {
-        k: v
-        for k, v in (
-            ("n_threads", cfg.n_threads),
-            ("n_threads_batch", cfg.n_threads_batch),
-            ("n_batch", cfg.n_batch),
-            ("n_ubatch", cfg.n_ubatch),
-        )
-        if v is not None
-    }
     session, method = shared_open_session(
         model,
         method=cfg.method,
@@ -127,7 +118,7 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
         ctx_checkpoints=cfg.ctx_checkpoints,
         checkpoint_every=cfg.checkpoint_every,
         prompt_cache_mb=cfg.cache_ram_mb,
-        **opts,
+        **context_options(cfg),
     )
     return session, method, n_ctx_seq
 
