@@ -308,7 +308,7 @@ def test_bench_compares_plain_and_each_draft_length(fx_info: FixtureInfo) -> Non
             "--n-draft", "auto", "3", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["method"] == "mtp" and d["runs"] == 2 and d["tokens"] == 32
+    assert d["methods"] == ["mtp"] and d["runs"] == 2 and d["tokens"] == 32
     rows = {row["config"]: row for row in d["rows"]}
     assert list(rows) == ["plain", "mtp auto", "mtp 3"]
     assert all(row["same_text_as_plain"] for row in rows.values())  # greedy: lossless
@@ -322,6 +322,17 @@ def test_bench_compares_plain_and_each_draft_length(fx_info: FixtureInfo) -> Non
     lines = table.stdout.splitlines()
     assert table.returncode == 0 and lines[1].split()[:3] == ["config", "tok/s", "x"]
     assert lines[3].startswith("plain") and lines[4].startswith("mtp 2") and "\x1b" not in table.stdout
+
+
+def test_bench_compares_several_drafters_on_smollm2(smol_path: str) -> None:
+    r = cli("bench", smol_path, "-p", "Repeat: red green blue red green blue red green blue", "-n", "24",
+            "-r", "1", "--method", "ngram-mod", "ngram-simple", "--n-draft", "auto", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["methods"] == ["ngram-mod", "ngram-simple"]
+    assert [row["config"] for row in d["rows"]] == [
+        "plain", "ngram-mod auto", "ngram-mod 4", "ngram-simple auto", "ngram-simple 4"]
+    assert all(row["tokens_per_second"] > 0 for row in d["rows"])
 
 
 def test_bench_bad_input(smol_path: str, fx_info: FixtureInfo) -> None:

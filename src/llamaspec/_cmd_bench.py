@@ -1,5 +1,5 @@
-"""`llamaspec bench MODEL`: plain decoding and speculative decoding at each draft length asked for,
-side by side in one run, as ratios (like llama-bench: the machine's drift hits every side alike).
+"""`llamaspec bench MODEL`: plain decoding and speculative decoding with each drafter and draft length
+asked for, side by side in one run, as ratios (like llama-bench: the machine's drift hits every side alike).
 
 Every configuration is one session, created once and warmed up by an untimed call; then each of
 ``-r`` rounds times one greedy call per configuration, the order rotating from round to round.
@@ -99,8 +99,9 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             a.prompt = f.read()
     path = model_path(p, a)  # last: -hf may download
     with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
-        method = a.method or ("mtp" if model.has_mtp else ("draft" if a.draft_model else None))
-        if method is None or method == "none":
+        default = "mtp" if model.has_mtp else ("draft" if a.draft_model else None)
+        methods = [m for m in (a.methods or [default]) if m not in (None, "none")]
+        if not methods:
             raise InvalidOptionError(f"{path} has no MTP layers: name a drafter (--method ngram-mod, "
                                      "-md DRAFT.gguf, ...) to compare with plain decoding")
         ids = prompt_ids(model, a.prompt, a)
@@ -108,19 +109,21 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         opts: dict[str, Any] = dict(context_options(a))
         sides = [Side("plain", Generator(model, n_ctx=n_ctx, **opts), 0)]
         try:
-            for n in a.n_drafts:
-                if n == 0:
-                    continue  # plain decoding is always there
-                spec = Speculative(model, method=method.split(","), n_draft=n, draft_model=a.draft_model,
-                                   n_draft_min=a.n_draft_min, p_min=a.p_min, n_ctx=n_ctx, **opts)
-                sides.append(Side(f"{method} {n}", spec, n))
-            return _measure(a, model, method, sides, ids)
+            for method in methods:
+                for n in a.n_drafts:
+                    if n == 0:
+                        continue  # plain decoding is always there
+                    spec = Speculative(model, method=method.split(","), n_draft=n, draft_model=a.draft_model,
+                                       n_draft_min=a.n_draft_min, p_min=a.p_min, n_ctx=n_ctx, **opts)
+                    sides.append(Side(f"{method} {n}", spec, n))
+            return _measure(a, model, methods, sides, ids)
         finally:
             for s in sides:
                 s.session.close()
 
 
-def _measure(a: argparse.Namespace, model: Model, method: str, sides: list[Side], ids: list[int]) -> int:
+def _measure(a: argparse.Namespace, model: Model, methods: list[str], sides: list[Side],
+             ids: list[int]) -> int:
     for s in sides:  # warm-up: graphs, caches, and what an auto session learns on its first call
         _progress(f"warming up: {s.label}")
         s.text = s.session.generate(ids, a.n_predict, temperature=0, cache_prompt=False)
@@ -139,7 +142,7 @@ def _measure(a: argparse.Namespace, model: Model, method: str, sides: list[Side]
     for s, row in zip(sides, rows):
         row["same_text_as_plain"] = s.text == sides[0].text
     if a.json:
-        json.dump({"model": model.path, "method": method, "prompt_tokens": len(ids), "tokens": a.n_predict,
+        json.dump({"model": model.path, "methods": methods, "prompt_tokens": len(ids), "tokens": a.n_predict,
                    "runs": a.runs, "rows": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0

@@ -132,13 +132,15 @@ def add_speculative_arguments(p: argparse.ArgumentParser, several: bool = False)
     """--method, --draft-model, --n-draft, --draft-min, --draft-p-min (with llama.cpp's spellings);
     with ``several``, --n-draft takes one or more lengths (into ``n_drafts``: bench compares them)."""
     spec = p.add_argument_group("speculative decoding")
+    method_dest: dict[str, Any] = dict(dest="methods", nargs="+") if several else dict(dest="method")
     spec.add_argument(
         "--method",
         "--spec-type",
-        dest="method",
         type=method_arg,
-        help="drafter: none, " + ", ".join(METHODS) + " (default: mtp when the model has MTP "
-        "layers, draft with --draft-model, else none)",
+        help="drafter: none, " + ", ".join(METHODS) + " (a comma-separated chain; default: mtp when the "
+        "model has MTP layers, draft with --draft-model, else none)"
+        + ("; several to compare them" if several else ""),
+        **method_dest,
     )
     spec.add_argument(
         "-md",
