@@ -104,6 +104,7 @@ class Status:
         self.tokens = 0
         self._hist: tuple[int, ...] = ()
         self.length = 0.0
+        self.acceptance = 0.0
 
     def token(self) -> None:
         self.tokens += 1
@@ -127,7 +128,7 @@ class Status:
             return out + " | plain decoding "
         how = "auto" if self.auto else "fixed"
         return out + (
-            f" | {self.method} acceptance {getattr(self, 'acceptance', 0.0):.0%}"
+            f" | {self.method} acceptance {self.acceptance:.0%}"
             f" | draft length {self.length:.1f} ({how}) "
         )
 
