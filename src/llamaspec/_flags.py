@@ -238,8 +238,11 @@ def open_session(
     return spec, method
 
 
-def session_from_args(model: Model, a: argparse.Namespace, n_ctx: int) -> tuple[Generator | Speculative, str]:
-    """:func:`open_session` for one sequence with the drafter, threads and batch flags of ``a``."""
+def session_from_args(model: Model, a: Any, n_ctx: int, n_seq: int = 1,
+                      **options: Any) -> tuple[Generator | Speculative, str]:
+    """:func:`open_session` with the drafter, threads and batch settings of ``a``: the parsed flags,
+    or any object with those attributes (method, draft_model, n_draft, n_draft_min, p_min, n_threads,
+    n_threads_batch, n_batch, n_ubatch), e.g. the server's config; ``options`` go to the session too."""
     return open_session(
         model,
         method=a.method,
@@ -247,9 +250,10 @@ def session_from_args(model: Model, a: argparse.Namespace, n_ctx: int) -> tuple[
         n_draft=a.n_draft,
         n_draft_min=a.n_draft_min,
         p_min=a.p_min,
-        n_seq=1,
+        n_seq=n_seq,
         n_ctx=n_ctx,
         **context_options(a),
+        **options,
     )
 
 

@@ -18,8 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._flags import context_options
-from .._flags import open_session as shared_open_session
+from .._flags import session_from_args
 from ..events import Done, Event, GenerationStats, Token
 from ..generator import Generator
 from ..model import Model
@@ -106,19 +105,14 @@ def open_session(cfg: ServerConfig, model: Model) -> tuple[Generator | Speculati
     """The session the server runs on: (session, method name or "none", context per sequence)."""
     n_ctx_total = cfg.n_ctx or min(model.n_ctx_train or 4096, 16384)
     n_ctx_seq = max(n_ctx_total // cfg.n_seq, 8)
-    session, method = shared_open_session(
+    session, method = session_from_args(
         model,
-        method=cfg.method,
-        draft_model=cfg.draft_model,
-        n_draft=cfg.n_draft,
-        n_draft_min=cfg.n_draft_min,
-        p_min=cfg.p_min,
+        cfg,
+        n_ctx_seq,
         n_seq=cfg.n_seq,
-        n_ctx=n_ctx_seq,
         ctx_checkpoints=cfg.ctx_checkpoints,
         checkpoint_every=cfg.checkpoint_every,
         prompt_cache_mb=cfg.cache_ram_mb,
-        **context_options(cfg),
     )
     return session, method, n_ctx_seq
 
