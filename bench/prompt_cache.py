@@ -27,7 +27,9 @@ every side decodes the same prompts.
 - repeat: one late turn, many times: the last turn's history cached, each request adding another
   user message to it (a first token only), on the library, `llamaspec serve` and llama-server, in
   --runs rounds of fresh instances with --repeats requests a side each, the order rotating request
-  by request: the per-turn comparison with many samples and several instances of each side.
+  by request: the per-turn comparison with many samples and several instances of each side. Each
+  side's own prompt time (the library's prefill_time, the servers' timings.prompt_ms) and the rest
+  of its time to the first token are shown apart, to see where a difference lies.
 
 On SmolLM2 (plain decoding) and on the MTP speed fixture (qwen35 hybrid, MTP n_draft 3). Sides
 alternate within every turn; medians over --runs.
@@ -217,9 +219,16 @@ def library_section(model: llamaspec.Model, kind: str, args: argparse.Namespace,
 
 def sse_ttft(h: httpx.Client, url: str, body: dict[str, object]) -> tuple[float, int]:
     """(seconds to the first text chunk, the server's cache_n from the last chunk's timings)."""
+    first, cache_n, _ = sse_ttft_prompt(h, url, body)
+    return first, cache_n
+
+
+def sse_ttft_prompt(h: httpx.Client, url: str, body: dict[str, object]) -> tuple[float, int, float]:
+    """sse_ttft, and the server's own prompt time (timings.prompt_ms, in seconds)."""
     t0 = time.perf_counter()
     first = float("nan")
     cache_n = -1
+    prompt_s = float("nan")
     for attempt in range(2):
         try:
             with h.stream("POST", url + "/completion", json=body) as r:
@@ -232,12 +241,13 @@ def sse_ttft(h: httpx.Client, url: str, body: dict[str, object]) -> tuple[float,
                         first = time.perf_counter() - t0
                     if "timings" in chunk:
                         cache_n = int(chunk["timings"].get("cache_n", -1))
-            return first, cache_n
+                        prompt_s = float(chunk["timings"].get("prompt_ms", "nan")) / 1e3
+            return first, cache_n, prompt_s
         except httpx.RemoteProtocolError:  # a kept-alive connection the server closed while idle
             if attempt:
                 raise
             t0 = time.perf_counter()
-    return first, cache_n
+    return first, cache_n, prompt_s
 
 
 def switching(model: llamaspec.Model, kind: str, seed: int, args: argparse.Namespace,
@@ -364,11 +374,14 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
               "message", "",
               "ratio: the median over rounds of the round's ratio of medians (lowest-highest round)", "",
               "| threads | cached: library / serve / llama-server | TTFT library (ms) | serve (ms) "
-              "| llama-server (ms) | serve/llama-server | serve/library | library/llama-server |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| llama-server (ms) | serve/llama-server | serve/library | library/llama-server "
+              "| prompt time: library / serve / llama-server (ms) "
+              "| after it: library / serve / llama-server (ms) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     orders = ["lou", "oul", "ulo"]
     for threads in args.threads:
         got: dict[str, list[float]] = {"l": [], "o": [], "u": []}
+        prompt_s: dict[str, list[float]] = {"l": [], "o": [], "u": []}  # each side's own prompt time
         rounds: list[dict[str, float]] = []
         cache = {"l": 0, "o": 0, "u": 0}
         for _ in range(args.runs):
@@ -376,27 +389,30 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
             with both_servers(path, kind, threads, args, bin_dir) as (ours_url, up_url), \
                     httpx.Client(timeout=600) as h, make_session(kind, model, threads, args.n_ctx) as lib:
 
-                def one(side: str, prompt: list[int]) -> tuple[float, int]:
+                def one(side: str, prompt: list[int]) -> tuple[float, int, float]:
                     if side == "l":
                         t, _, st = ttft_call(lib, prompt, 1, banned, True)
-                        cached = st.cached_tokens
+                        cached, own = st.cached_tokens, st.prefill_time
                     else:
                         body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "stream": True,
                                 "cache_prompt": True}
-                        t, cached = sse_ttft(h, ours_url if side == "o" else up_url, body)
+                        t, cached, own = sse_ttft_prompt(h, ours_url if side == "o" else up_url, body)
                     wait_out_polling()  # every side gets the same pause before the next one
-                    return t, cached
+                    return t, cached, own
 
                 for side in "lou":
                     one(side, history)
                 for k, msg in enumerate(messages):
                     for side in orders[k % 3]:
-                        t, cache[side] = one(side, history + msg)
+                        t, cache[side], own = one(side, history + msg)
                         mine[side].append(t)
+                        prompt_s[side].append(own)
             for side in mine:
                 got[side] += mine[side]
             rounds.append({side: med(mine[side]) for side in mine})
         m = {side: med(got[side]) for side in got}
+        p = {side: med(prompt_s[side]) for side in got}
+        after = {side: med([t - q for t, q in zip(got[side], prompt_s[side])]) for side in got}
 
         def ratio(a: str, b: str) -> str:
             per = sorted(r[a] / r[b] for r in rounds)
@@ -404,7 +420,8 @@ def repeat_section(path: str, model: llamaspec.Model, kind: str, args: argparse.
 
         lines.append(f"| {threads} | {cache['l']} / {cache['o']} / {cache['u']} | {m['l'] * 1e3:.1f} "
                      f"| {m['o'] * 1e3:.1f} | {m['u'] * 1e3:.1f} | {ratio('o', 'u')} | {ratio('o', 'l')} "
-                     f"| {ratio('l', 'u')} |")
+                     f"| {ratio('l', 'u')} | {p['l'] * 1e3:.1f} / {p['o'] * 1e3:.1f} / {p['u'] * 1e3:.1f} "
+                     f"| {after['l'] * 1e3:.1f} / {after['o'] * 1e3:.1f} / {after['u'] * 1e3:.1f} |")
 
 
 def main() -> None:
