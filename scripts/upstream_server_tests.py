@@ -53,10 +53,8 @@ PRESET = [
     "--metrics",
 ]
 API_KEY = "sk-this-is-the-secret-key"
-# Tests llama-server passes that need a later issue: JSON schema and log-probabilities (the
-# application issue, 18).
+# Tests llama-server passes that need a later issue: log-probabilities (the application issue, 18).
 EXPECTED_FAILURES = [
-    "test_completion_with_response_format[*",
     "test_logprobs",
     "test_logprobs_stream",
     "test_n_probs*",

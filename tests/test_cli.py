@@ -87,6 +87,30 @@ def test_run_seeded_output_is_plain_decoding(smol_path: str) -> None:
         assert p["stats"]["prompt_tokens"] > len(vm.tokenize("Name three rivers."))
 
 
+
+def test_run_with_a_json_schema_equals_the_library(smol_path: str, tmp_path: Path) -> None:
+    """-j / -jf: the library's text under the same schema, with a draft model drafting."""
+    schema = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 20}},
+              "required": ["river"], "additionalProperties": False}
+    question = "Name a long river, as JSON."
+    with llamaspec.Model(smol_path) as m, llamaspec.Generator(m, n_ctx=1024, n_threads=2) as g:
+        want = g.generate(messages=[{"role": "user", "content": question}], max_tokens=40, temperature=0,
+                          json_schema=schema)
+    common = ["-p", question, "-n", "40", "--temp", "0", "-c", "1024", "-t", "2"]
+    r = cli("run", smol_path, "-md", smol_path, *common, "-j", json.dumps(schema))
+    assert r.returncode == 0 and r.stdout == want, r.stderr
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    r = cli("run", smol_path, "--method", "none", *common, "-jf", str(f))
+    assert r.returncode == 0 and r.stdout == want, r.stderr
+    p = ["-p", "x", "-n", "4"]
+    one_line_error(cli("run", smol_path, *p, "-j", "{not json"), 1, "not valid JSON")
+    one_line_error(cli("run", smol_path, *p, "-j", "{}", "--grammar", 'root ::= "a"'), 1, "one of")
+    number_range = '{"type": "number", "maximum": 3}'
+    one_line_error(cli("run", smol_path, *p, "-j", number_range), 1, "range on a number")
+    one_line_error(cli("run", smol_path, *p, "-jf", str(tmp_path / "none.json")), 1, "none.json")
+    one_line_error(cli("serve", smol_path, "-j", '{"type": "hiccup"}'), 2, "hiccup")
+
 def test_run_streams_text_to_a_pipe_without_escape_codes(fx_info: FixtureInfo) -> None:
     prompt = cycle_prompt(fx_info)
     r = cli("run", fx_info.path, "--raw", "-p", prompt, "-n", "20", "--temp", "0", "-c", "512")

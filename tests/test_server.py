@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
+import pydantic
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -313,6 +315,80 @@ def test_native_completion_format(plain: Server) -> None:
     assert "".join(x["content"] for x in lines) == r["content"]
     assert lines[-1]["stop"] is True and all(not x["stop"] for x in lines[:-1])
 
+
+
+# -- JSON output (issue 18) ------------------------------------------------------------------------------
+
+BOOK = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "year": {"type": "integer", "minimum": 1450, "maximum": 2030},
+    },
+    "required": ["title", "year"],
+    "additionalProperties": False,
+}
+ASK_BOOK = [{"role": "user", "content": "Name a famous novel and its year, as JSON."}]
+
+
+def test_json_schema_over_http_equals_library(plain: Server, spec: Server, smol: llamaspec.Model) -> None:
+    """response_format json_schema, streamed and not, plain and drafting: the library's text under
+    the same schema, valid against it."""
+    want = library_text(smol, 80, messages=ASK_BOOK, temperature=0, json_schema=BOOK)
+    jsonschema.validate(json.loads(want), BOOK)
+    rf: Any = {"type": "json_schema", "json_schema": {"name": "book", "schema": BOOK}}
+    for server in (plain, spec):
+        kw: Any = {"model": "x", "messages": ASK_BOOK, "max_tokens": 80, "temperature": 0}
+        kw["response_format"] = rf
+        r = client(server).chat.completions.create(**kw)
+        assert r.choices[0].message.content == want and r.choices[0].finish_reason == "stop"
+        chunks = client(server).chat.completions.create(stream=True, **kw)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    # json_object: any object; llama-server's json_schema field on its native endpoint
+    r = client(plain).chat.completions.create(
+        model="x", messages=ASK_BOOK, max_tokens=80, temperature=0, response_format={"type": "json_object"}
+    )
+    text = r.choices[0].message.content or ""
+    assert text.lstrip().startswith("{")  # free-form strings may run past max_tokens here
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "json_schema": {"enum": ["Paris", "Lyon"]}}
+    native = httpx.post(f"{plain.url}/completion", json=body, timeout=60).json()
+    assert native["content"] in ('"Paris"', '"Lyon"')
+
+
+def test_openai_parse_with_a_pydantic_model(plain: Server) -> None:
+    """The openai client's structured-output helper: it sends the model's JSON schema (strict) and
+    parses the answer back into the model."""
+
+    class Book(pydantic.BaseModel):
+        title: str
+        year: int
+
+    c = client(plain)
+    parse = getattr(c.chat.completions, "parse", None) or c.beta.chat.completions.parse
+    r = parse(model="x", messages=ASK_BOOK, response_format=Book, max_tokens=80, temperature=0)
+    book = r.choices[0].message.parsed
+    assert isinstance(book, Book) and book.title
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "sound"},
+        {"type": "json_object", "schema": 123},
+        {"type": "json_object", "schema": {"type": 123}},
+        {"type": "json_object", "schema": {"type": "hiccup"}},
+        {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "number", "minimum": 0}}},
+        {"type": "json_schema", "json_schema": "not an object"},
+    ],
+)
+def test_bad_response_formats_are_400(plain: Server, response_format: Any) -> None:
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError):
+            client(plain).chat.completions.create(
+                model="x", messages=ASK_BOOK, max_tokens=8, response_format=response_format, stream=stream
+            )
 
 def test_banned_tokens_serialize(plain: Server) -> None:
     """A banned token's bias is -inf; every JSON that shows the settings must still be valid JSON."""

@@ -26,6 +26,7 @@ from .errors import (
 )
 from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
 from .generator import Generator
+from .grammar import json_schema_to_grammar
 from .model import Model
 from .ngram import ngram_cache_create
 from .speculative import DEFAULT_N_DRAFT_MAX, METHODS, MTP, Speculative
@@ -46,6 +47,7 @@ __all__ = [
     "SpecStats",
     "StageStats",
     "ngram_cache_create",
+    "json_schema_to_grammar",
     "Token",
     "EndOfGeneration",
     "Done",

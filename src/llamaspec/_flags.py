@@ -9,6 +9,8 @@ Standard library only: the core package imports nothing else, and the server's p
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 from ._options import normalize_methods
@@ -194,14 +196,44 @@ def add_sampling_arguments(p: argparse.ArgumentParser, title: str) -> None:
     samp.add_argument("--repeat-last-n", dest="penalty_last_n", type=int)
     samp.add_argument("--presence-penalty", dest="presence_penalty", type=float)
     samp.add_argument("--frequency-penalty", dest="frequency_penalty", type=float)
+    out = p.add_argument_group("constrained output (one of)")
+    out.add_argument("-j", "--json-schema", dest="json_schema", metavar="JSON",
+                     help="a JSON Schema (its JSON text) that the output follows")
+    out.add_argument("-jf", "--json-schema-file", dest="json_schema_file", metavar="FILE",
+                     help="the same, read from a file")
+    out.add_argument("--grammar", dest="grammar", metavar="GBNF",
+                     help="a GBNF grammar that the output follows")
+    out.add_argument("--grammar-file", dest="grammar_file", metavar="FILE", help="the same, read from a file")
 
 
 def sampling_from_args(a: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags that were given, as library options (a negative seed is llama.cpp's -1: a
-    random seed, so it is left out)."""
+    random seed, so it is left out). The schema or grammar files are read here.
+
+    Raises:
+        InvalidOptionError: more than one of the constrained-output flags, or a schema that is not
+            JSON (the schema itself is checked when a call converts it).
+        OSError, UnicodeError: a file that cannot be read.
+    """
     out = {k: getattr(a, k) for k in SAMPLING_FLAGS if getattr(a, k) is not None}
     if out.get("seed", 0) < 0:
         out.pop("seed")
+    flags = ("json_schema", "json_schema_file", "grammar", "grammar_file")
+    given = [f for f in flags if getattr(a, f, None) is not None]
+    if len(given) > 1:
+        raise InvalidOptionError("give one of -j/--json-schema, -jf/--json-schema-file, --grammar, "
+                                 "--grammar-file")
+    if given:
+        flag = given[0]
+        value: str = getattr(a, flag)
+        text = Path(value).read_text(encoding="utf-8") if flag.endswith("_file") else value
+        if flag.startswith("grammar"):
+            out["grammar"] = text
+        else:
+            try:
+                out["json_schema"] = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise InvalidOptionError(f"the JSON schema is not valid JSON: {e}") from None
     return out
 
 

@@ -123,6 +123,12 @@ def _str_or_none(name: str, v: Any) -> Any:
     return v
 
 
+def _mapping_or_none(name: str, v: Any) -> Any:
+    if v is not None and not isinstance(v, Mapping):
+        raise InvalidOptionError(f"{name} must be a dict, not {type(v).__name__}")
+    return v
+
+
 def _logit_bias(name: str, v: Any) -> Any:
     if v is None:
         return None
@@ -173,6 +179,7 @@ SAMPLING_OPTIONS: dict[str, Checker] = {
     "logit_bias": _logit_bias,
     "grammar": _str_or_none,
     "grammar_root": _str_or_none,
+    "json_schema": _mapping_or_none,  # converted into grammar (llamaspec.grammar)
     "stop": _stop,
 }
 

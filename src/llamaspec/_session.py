@@ -27,6 +27,7 @@ from ._options import call_options, sampling_options
 from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
 from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
+from .grammar import json_schema_to_grammar
 from .model import Model
 from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats
 
@@ -186,6 +187,11 @@ class _StreamingSession:
         opts = sampling_options(sampling)
         stop = opts.pop("stop", [])
         grammar_root = opts.pop("grammar_root", None) or "root"
+        schema = opts.pop("json_schema", None)
+        if schema is not None:
+            if opts.get("grammar") or grammar_root != "root":
+                raise InvalidOptionError("give json_schema or grammar (with grammar_root), not both")
+            opts["grammar"] = json_schema_to_grammar(schema)
         if (prompt is None) == (messages is None):
             raise InvalidOptionError("give either a prompt or messages=, not both" if prompt is not None
                                      else "give a prompt or messages=")

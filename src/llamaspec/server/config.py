@@ -21,6 +21,8 @@ from .._flags import (
     model_path,
     sampling_from_args,
 )
+from ..errors import InvalidOptionError
+from ..grammar import json_schema_to_grammar
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,12 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
     check_context_arguments(p, a)
     if a.queue < 0:
         p.error(f"--queue must be >= 0, got {a.queue}")
-    sampling = sampling_from_args(a)  # llama-server's seed -1: a random seed per request
+    try:
+        sampling = sampling_from_args(a)  # llama-server's seed -1: a random seed per request
+        if "json_schema" in sampling:
+            json_schema_to_grammar(sampling["json_schema"])  # checked now, converted per request
+    except (InvalidOptionError, OSError, UnicodeError) as e:
+        p.error(str(e))
     model = model_path(p, a)  # last: -hf may download
     return ServerConfig(
         model=model,

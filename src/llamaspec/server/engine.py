@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._flags import session_from_args
+from ..errors import InvalidOptionError
 from ..events import Done, Event, GenerationStats, Token
 from ..generator import Generator
+from ..grammar import json_schema_to_grammar
 from ..model import Model
 from ..speculative import Speculative
 from .config import ServerConfig
@@ -179,6 +181,11 @@ class ServedModel:
             limit = room
         spec = req.speculative
         sampling = req.options(self.cfg.sampling, self.model.n_vocab, self.model.tokenize)
+        if "json_schema" in sampling:  # converted once for all choices; a bad schema is the client's 400
+            try:
+                sampling["grammar"] = json_schema_to_grammar(sampling.pop("json_schema"))
+            except InvalidOptionError as e:
+                raise ApiError(400, str(e)) from None
         if req.ignore_eos:  # llama-server's field: end-of-generation tokens are never sampled
             sampling["logit_bias"] = {
                 **{t: -math.inf for t in self.eog_ids},

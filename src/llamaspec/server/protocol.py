@@ -80,6 +80,7 @@ class Sampling(BaseModel):
     repeat_last_n: int | None = Field(None, ge=-1)
     logit_bias: dict[str, float | bool] | list[list[Any]] | None = None
     grammar: str | None = None
+    json_schema: Any = None  # llama-server's field: a JSON Schema the output follows
     ignore_eos: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
@@ -113,6 +114,8 @@ class Sampling(BaseModel):
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
+        if self.grammar is not None:
+            out.pop("json_schema", None)  # the request's grammar wins over the server's default schema
         if self.repeat_last_n is not None:
             out["penalty_last_n"] = self.repeat_last_n
         if self.seed is not None:
@@ -124,7 +127,17 @@ class Sampling(BaseModel):
             out["stop"] = [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
         if self.logit_bias:
             out["logit_bias"] = _logit_bias(self.logit_bias, n_vocab, tokenize)
+        schema = self.output_schema()
+        if schema is not None:
+            if not isinstance(schema, dict):
+                raise ApiError(400, f"the JSON schema must be an object, not {type(schema).__name__}")
+            out.pop("grammar", None)  # a schema wins over the server's or the request's grammar
+            out["json_schema"] = schema or {"type": "object"}  # an empty schema: any object
         return out
+
+    def output_schema(self) -> Any:
+        """The JSON schema the output must follow, or None (llama-server's json_schema field)."""
+        return self.json_schema
 
 
 def _logit_bias(
@@ -166,6 +179,26 @@ class ChatRequest(Sampling):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def output_schema(self) -> Any:
+        """OpenAI's response_format, read as llama-server reads it: ``json_object`` (any object, or
+        its own ``schema``), ``json_schema`` (``json_schema.schema``) or ``text``; else json_schema."""
+        rf = self.response_format
+        if rf is None:
+            return self.json_schema
+        kind = rf.get("type")
+        if kind == "json_object":
+            return rf.get("schema", {}) if "schema" in rf or self.json_schema is None else self.json_schema
+        if kind == "json_schema":
+            wrapper = rf.get("json_schema")
+            if not isinstance(wrapper, dict):
+                raise ApiError(400, "response_format.json_schema must be an object holding a schema")
+            return wrapper.get("schema", {})
+        if kind in (None, "", "text"):
+            return self.json_schema
+        raise ApiError(400, f'response_format type must be "text", "json_object" or "json_schema", '
+                            f"not {kind!r}")
 
     @field_validator("messages")
     @classmethod
