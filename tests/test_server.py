@@ -390,6 +390,12 @@ def test_bad_response_formats_are_400(plain: Server, response_format: Any) -> No
                 model="x", messages=ASK_BOOK, max_tokens=8, response_format=response_format, stream=stream
             )
 
+
+def test_a_schema_and_a_grammar_together_are_400(plain: Server) -> None:
+    body = {"prompt": PROMPT, "n_predict": 4, "json_schema": {"type": "integer"}, "grammar": 'root ::= "1"'}
+    r = httpx.post(f"{plain.url}/completion", json=body, timeout=60)
+    assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
+
 def test_banned_tokens_serialize(plain: Server) -> None:
     """A banned token's bias is -inf; every JSON that shows the settings must still be valid JSON."""
     body = {

@@ -131,7 +131,9 @@ class Sampling(BaseModel):
         if schema is not None:
             if not isinstance(schema, dict):
                 raise ApiError(400, f"the JSON schema must be an object, not {type(schema).__name__}")
-            out.pop("grammar", None)  # a schema wins over the server's or the request's grammar
+            if self.grammar is not None:  # as llama-server answers
+                raise ApiError(400, "either a JSON schema or a grammar can be given, not both")
+            out.pop("grammar", None)  # the request's schema wins over the server's default grammar
             out["json_schema"] = schema or {"type": "object"}  # an empty schema: any object
         return out
 
