@@ -391,6 +391,21 @@ def test_bad_response_formats_are_400(plain: Server, response_format: Any) -> No
             )
 
 
+def test_a_default_schema_applies_unless_a_request_brings_its_own(smol_path: str, logs: Path) -> None:
+    """serve -j: every request follows the server's schema; a request's grammar or schema replaces it."""
+    with running(smol_path, "-c", "512", "-t", "2", "-j", '{"enum": ["Paris", "Lyon"]}', log_dir=logs) as s:
+
+        def content(**fields: Any) -> str:
+            body = {"prompt": PROMPT, "n_predict": 8, "temperature": 0, **fields}
+            r = httpx.post(f"{s.url}/completion", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return str(r.json()["content"])
+
+        assert content() in ('"Paris"', '"Lyon"')
+        assert content(grammar='root ::= "Nice"') == "Nice"
+        assert content(json_schema={"const": 7}) == "7"
+
+
 def test_a_schema_and_a_grammar_together_are_400(plain: Server) -> None:
     body = {"prompt": PROMPT, "n_predict": 4, "json_schema": {"type": "integer"}, "grammar": 'root ::= "1"'}
     r = httpx.post(f"{plain.url}/completion", json=body, timeout=60)

@@ -172,8 +172,8 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         p.error(f"--queue must be >= 0, got {a.queue}")
     try:
         sampling = sampling_from_args(a)  # llama-server's seed -1: a random seed per request
-        if "json_schema" in sampling:
-            json_schema_to_grammar(sampling["json_schema"])  # checked now, converted per request
+        if "json_schema" in sampling:  # converted once: requests without their own use the grammar
+            sampling["grammar"] = json_schema_to_grammar(sampling.pop("json_schema"))
     except (InvalidOptionError, OSError, UnicodeError) as e:
         p.error(str(e))
     model = model_path(p, a)  # last: -hf may download

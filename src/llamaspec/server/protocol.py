@@ -114,8 +114,6 @@ class Sampling(BaseModel):
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
-        if self.grammar is not None:
-            out.pop("json_schema", None)  # the request's grammar wins over the server's default schema
         if self.repeat_last_n is not None:
             out["penalty_last_n"] = self.repeat_last_n
         if self.seed is not None:
