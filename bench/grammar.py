@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import llamaspec
-from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adaptive import mtp_fixture  # noqa: E402
 from plain_decode import smollm2  # noqa: E402
 from upstream import emit_report, timed  # noqa: E402
 
@@ -50,8 +50,7 @@ PRINTABLE = "root ::= [ -~]*\n"
 def call(session: llamaspec.Generator | llamaspec.Speculative, prompt: Any, n: int,
          constraint: dict[str, Any]) -> tuple[float, int]:
     """(tokens/s, tokens) of one greedy call."""
-    kw: dict[str, Any] = {"messages": prompt} if isinstance(prompt, list) and isinstance(prompt[0], dict) \
-        else {"prompt": prompt}
+    kw: dict[str, Any] = {"messages": prompt} if isinstance(prompt, list) else {"prompt": prompt}
     session.generate(max_tokens=n, temperature=0, **kw, **constraint)
     st = session.last_stats
     assert st is not None
@@ -70,17 +69,15 @@ def main() -> None:
 
     rows = []
     for case in args.cases:
+        prompt: Any = ASK
         if case == "mtp":
-            args.fixtures.mkdir(parents=True, exist_ok=True)
-            path = args.fixtures / "speed-mtp-0.0.gguf"
-            write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=0.0)
-            model_path = str(path)
+            info, prompt = mtp_fixture(args.fixtures, 0.0)  # the prompt: the first 8 tokens of its cycle
+            model_path = info.path
             constraint: dict[str, Any] = {"grammar": PRINTABLE}
         else:
             model_path = smollm2()
             constraint = {"json_schema": COUNTRIES}
         model = llamaspec.Model(model_path)
-        prompt: Any = list(b"olv3cwHQ") if case == "mtp" else ASK
         for threads in args.threads:
             common = {"n_ctx": 1024, "n_threads": threads}
             if case == "mtp":
