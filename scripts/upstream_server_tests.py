@@ -54,11 +54,7 @@ PRESET = [
 ]
 API_KEY = "sk-this-is-the-secret-key"
 # Tests llama-server passes that need a later issue: log-probabilities (the application issue, 18).
-EXPECTED_FAILURES = [
-    "test_logprobs",
-    "test_logprobs_stream",
-    "test_n_probs*",
-]
+EXPECTED_FAILURES: list[str] = []
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -256,8 +256,10 @@ def test_each_option_is_listed_once_per_side(smol: llamaspec.Model) -> None:
 
     native = llamaspec._native
     assert sorted(native.context_option_names()) == sorted(CONTEXT_OPTIONS)
-    # stop and grammar_root are the call's own arguments, not the sampler's; json_schema becomes grammar
-    python_side = set(SAMPLING_OPTIONS) - {"stop", "grammar_root", "json_schema"}
+    # stop, grammar_root and the log-probability options are the call's own arguments, not the
+    # sampler's; json_schema becomes grammar
+    call_side = {"stop", "grammar_root", "json_schema", "logprobs", "top_logprobs", "post_sampling_probs"}
+    python_side = set(SAMPLING_OPTIONS) - call_side
     assert sorted(native.sampling_option_names()) == sorted(python_side)
     with Generator(smol, n_ctx=64) as gen:
         with pytest.raises(InvalidOptionError, match="unknown sampling option 'no_such'"):

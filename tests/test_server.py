@@ -4,6 +4,7 @@ has no call): the installed console script runs as a subprocess on a free loopba
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -410,6 +411,75 @@ def test_a_schema_and_a_grammar_together_are_400(plain: Server) -> None:
     body = {"prompt": PROMPT, "n_predict": 4, "json_schema": {"type": "integer"}, "grammar": 'root ::= "1"'}
     r = httpx.post(f"{plain.url}/completion", json=body, timeout=60)
     assert r.status_code == 400 and "not both" in r.json()["error"]["message"]
+
+# -- log-probabilities (issue 18) ------------------------------------------------------------------------
+
+
+def library_tokens(smol: llamaspec.Model, max_tokens: int, **kw: Any) -> list[llamaspec.Token]:
+    with llamaspec.Generator(smol, n_ctx=1024, n_threads=2) as g:
+        return [ev for ev in g.stream_events(max_tokens=max_tokens, **kw) if isinstance(ev, llamaspec.Token)]
+
+
+def test_logprobs_over_http_equal_library(plain: Server, spec: Server, smol: llamaspec.Model) -> None:
+    """logprobs/top_logprobs through the openai client, plain and drafting, whole and streamed: the
+    library's plain tokens with their values (within 1e-3) and candidates, in OpenAI's shape."""
+    want = library_tokens(smol, 24, messages=CHAT, temperature=0, logprobs=True, top_logprobs=5)
+    for server in (plain, spec):
+        kw: Any = {"model": "x", "messages": CHAT, "max_tokens": 24, "temperature": 0, "logprobs": True,
+                   "top_logprobs": 5}
+        r = client(server).chat.completions.create(**kw)
+        assert r.choices[0].logprobs is not None and r.choices[0].logprobs.content is not None
+        got = r.choices[0].logprobs.content
+        assert "".join(e.token for e in got) == r.choices[0].message.content
+        assert [(e.model_extra or {})["id"] for e in got] == [t.id for t in want]
+        for e, t in zip(got, want):
+            assert t.logprob is not None and t.top_logprobs is not None
+            assert abs(e.logprob - t.logprob) <= 1e-3
+            assert e.bytes == list(smol.token_to_piece(t.id))
+            assert [(c.model_extra or {})["id"] for c in e.top_logprobs] == [c.id for c in t.top_logprobs]
+            assert all(abs(c.logprob - w.logprob) <= 1e-3 for c, w in zip(e.top_logprobs, t.top_logprobs))
+        streamed = [e for c in client(server).chat.completions.create(stream=True, **kw)
+                    if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
+                    for e in c.choices[0].logprobs.content]
+        assert [e.model_dump() for e in streamed] == [e.model_dump() for e in got]
+    off = client(plain).chat.completions.create(model="x", messages=CHAT, max_tokens=4, temperature=0)
+    assert off.choices[0].logprobs is None
+
+
+def test_completion_logprobs_and_post_sampling_probs(plain: Server, smol: llamaspec.Model) -> None:
+    """/v1/completions' logprobs count and llama-server's n_probs / post_sampling_probs on /completion
+    (probabilities after the sampler's filters, as prob and top_probs)."""
+    r = client(plain).completions.create(model="x", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
+    lp = (r.choices[0].logprobs.model_extra or {}) if r.choices[0].logprobs else {}
+    assert "".join(e["token"] for e in lp["content"]) == r.choices[0].text
+    assert all(len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["id"] == e["id"] for e in lp["content"])
+    body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0.9, "seed": 3, "n_probs": 4,
+            "post_sampling_probs": True}
+    native = httpx.post(f"{plain.url}/completion", json=body, timeout=60).json()
+    want = library_tokens(smol, 6, prompt=PROMPT, temperature=0.9, seed=3, logprobs=True, top_logprobs=4,
+                          post_sampling_probs=True)
+    assert [e["id"] for e in native["completion_probabilities"]] == [t.id for t in want]
+    assert native["generation_settings"]["n_probs"] == 4
+    for e, t in zip(native["completion_probabilities"], want):
+        assert t.logprob is not None and t.top_logprobs is not None
+        assert 0 < e["prob"] <= 1 and abs(e["prob"] - math.exp(t.logprob)) <= 1e-3
+        assert [c["id"] for c in e["top_probs"]] == [c.id for c in t.top_logprobs]
+        assert "logprob" not in e and "top_logprobs" not in e
+
+
+@pytest.mark.parametrize("body", [
+    {"top_logprobs": 3},  # without logprobs
+    {"logprobs": True, "top_logprobs": 21},
+    {"logprobs": 3},  # chat takes a bool
+    {"n_probs": 21},
+    {"logprobs": True, "top_logprobs": -1},
+])
+def test_bad_logprobs_fields_are_400(plain: Server, body: dict[str, Any]) -> None:
+    r = httpx.post(f"{plain.url}/v1/chat/completions",
+                   json={"messages": CHAT, "max_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
 
 def test_banned_tokens_serialize(plain: Server) -> None:
     """A banned token's bias is -inf; every JSON that shows the settings must still be valid JSON."""

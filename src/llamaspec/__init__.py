@@ -24,7 +24,7 @@ from .errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
+from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token, TopLogprob
 from .generator import Generator
 from .grammar import json_schema_to_grammar
 from .model import Model
@@ -49,6 +49,7 @@ __all__ = [
     "ngram_cache_create",
     "json_schema_to_grammar",
     "Token",
+    "TopLogprob",
     "EndOfGeneration",
     "Done",
     "Stats",

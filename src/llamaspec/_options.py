@@ -154,6 +154,18 @@ def call_options(prompt_progress: Any, draft_max: Any, p_min: Any,
             cache_prompt)
 
 
+def logprobs_options(opts: dict[str, Any]) -> tuple[int, bool]:
+    """Take the log-probability options out of validated sampling options: the native form, top
+    candidates per token (-1: off), and whether they are read after the sampler's filters."""
+    on = opts.pop("logprobs", False)
+    top = opts.pop("top_logprobs", None)
+    post = opts.pop("post_sampling_probs", False)
+    if not on and (top is not None or post):
+        raise InvalidOptionError(f"{'top_logprobs' if top is not None else 'post_sampling_probs'} "
+                                 "needs logprobs=True")
+    return (top or 0) if on else -1, post
+
+
 #: Sampling options of every generation call, with llama.cpp's common defaults (README, "Sampling").
 SAMPLING_OPTIONS: dict[str, Checker] = {
     "temperature": _float(),
@@ -181,6 +193,10 @@ SAMPLING_OPTIONS: dict[str, Checker] = {
     "grammar_root": _str_or_none,
     "json_schema": _mapping_or_none,  # converted into grammar (llamaspec.grammar)
     "stop": _stop,
+    # not sampling proper: what each Token event reports (log-probabilities); see logprobs_options
+    "logprobs": _bool,
+    "top_logprobs": _int(0, 20, none_ok=True),
+    "post_sampling_probs": _bool,
 }
 
 SAMPLING_DEFAULTS: dict[str, Any] = {

@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 from . import _native
 from ._chat import chat_tokens, renderer
 from ._log import sync_log_level
-from ._options import call_options, sampling_options
+from ._options import call_options, logprobs_options, sampling_options
 from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
-from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token
+from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token, TopLogprob
 from .grammar import json_schema_to_grammar
 from .model import Model
 from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats
@@ -52,6 +52,8 @@ class _Request:
     draft_max: int = -1
     p_min: float = -1.0
     cache_prompt: bool = True
+    logprobs: int = -1  # top candidates per token; -1: no log-probabilities
+    post_sampling_probs: bool = False
 
 
 def _check_timeout(name: str, v: Any) -> float | None:
@@ -185,6 +187,7 @@ class _StreamingSession:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise InvalidOptionError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         opts = sampling_options(sampling)
+        logprobs, post_sampling = logprobs_options(opts)
         stop = opts.pop("stop", [])
         grammar_root = opts.pop("grammar_root", None) or "root"
         schema = opts.pop("json_schema", None)
@@ -211,7 +214,8 @@ class _StreamingSession:
         if not tokens:
             raise InvalidOptionError("the prompt is empty")
         return _Request(tokens, max_tokens, _check_timeout("timeout", timeout),
-                        _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts)
+                        _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts,
+                        logprobs=logprobs, post_sampling_probs=post_sampling)
 
     @staticmethod
     def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None,
@@ -229,7 +233,8 @@ class _StreamingSession:
         native = self._require()
         sync_log_level()
         run = native.start(req.tokens, req.max_tokens, req.stop, req.sampling, req.grammar_root,
-                           req.prompt_progress, req.draft_max, req.p_min, req.cache_prompt)
+                           req.prompt_progress, req.draft_max, req.p_min, req.cache_prompt, req.logprobs,
+                           req.post_sampling_probs)
         with self._lock:
             self._active.append(run)
         return run
@@ -243,7 +248,10 @@ class _StreamingSession:
     def _convert(self, ev: tuple[Any, ...]) -> Event:
         kind = ev[0]
         if kind == 0:
-            return Token(ev[1], ev[2])
+            if len(ev) == 3:
+                return Token(ev[1], ev[2])
+            top = tuple(TopLogprob(i, b.decode("utf-8", "replace"), lp, b) for i, b, lp in ev[4])
+            return Token(ev[1], ev[2], ev[3], top)
         if kind == 1:
             return EndOfGeneration()
         if kind == 4:

@@ -8,10 +8,28 @@ from typing import Any, Literal, Union
 
 from .stats import SpecStats
 
-__all__ = ["Token", "EndOfGeneration", "Done", "Stats", "PromptProgress", "GenerationStats", "Event",
+__all__ = ["Token", "TopLogprob", "EndOfGeneration", "Done", "Stats", "PromptProgress", "GenerationStats",
+           "Event",
            "FinishReason"]
 
 FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One of the most likely tokens at a position (``logprobs=True, top_logprobs=n``).
+
+    Attributes:
+        id: the token id.
+        text: the token's text (a token that is part of a multi-byte character shows U+FFFD).
+        logprob: its natural-log probability.
+        bytes: the token's bytes, exactly.
+    """
+
+    id: int
+    text: str
+    logprob: float
+    bytes: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +40,20 @@ class Token:
         id: the token id.
         text: the text this token completes; "" while a multi-byte character or a possible stop
             string is held back (it then arrives with a later token).
+        logprob: with ``logprobs=True``, the token's natural-log probability: the log-softmax of the
+            target's raw logits at its position (llama-server's default), or, with
+            ``post_sampling_probs=True``, of the distribution the sampler drew it from (after its
+            filters, temperature included); else None. Speculation does not change it beyond
+            float rounding.
+        top_logprobs: with ``logprobs=True``, the ``top_logprobs`` most likely tokens at this
+            position by the same measure, most likely first (ties by id; after the sampler's filters
+            only tokens it left a chance); else None.
     """
 
     id: int
     text: str
+    logprob: float | None = None
+    top_logprobs: tuple[TopLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

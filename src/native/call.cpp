@@ -181,11 +181,12 @@ void TokenEmitter::push_deferred() {
     }
 }
 
-bool TokenEmitter::token(llama_token id, bool last) {
+bool TokenEmitter::token(llama_token id, bool last, std::optional<TokenProbs> probs) {
     bool stopped = false;
     std::string text = stop_.process(utf8_.feed(common_token_to_piece(vocab_, id, false), last), last, stopped);
     push_deferred();
     Event ev{Event::Token, id, std::move(text), {}, std::nullopt};
+    ev.probs = std::move(probs);
     if (!stopped && !last && (utf8_.has_pending() || stop_.holding())) {
         // Text is held back: keep this event until the next token, so that if the model ends here the
         // held text can still travel with the token that produced it.
@@ -213,6 +214,12 @@ void validate_request(const GenRequest & req, const Context & ctx) {
     if (req.prompt.empty()) throw Error(ErrorKind::InvalidOption, "the prompt is empty");
     for (llama_token t : req.prompt) model.check_token(t);
     if (req.max_tokens < 1) throw Error(ErrorKind::InvalidOption, "max_tokens must be >= 1");
+    if (req.probs.n_top < -1 || req.probs.n_top > 20) {
+        throw Error(ErrorKind::InvalidOption, "top_logprobs must be in [0, 20], got " + std::to_string(req.probs.n_top));
+    }
+    if (req.probs.post_sampling && !req.probs.on()) {
+        throw Error(ErrorKind::InvalidOption, "post_sampling_probs needs logprobs=True");
+    }
     const size_t need = req.prompt.size() + (size_t) req.max_tokens;
     if (need > ctx.n_ctx()) {
         throw Error(ErrorKind::ContextOverflow, "prompt (" + std::to_string(req.prompt.size()) + " tokens) + max_tokens (" +
@@ -223,7 +230,8 @@ void validate_request(const GenRequest & req, const Context & ctx) {
 
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                         const nb::dict & sampling, std::string grammar_root, bool prompt_progress,
-                        int32_t draft_max, float p_min, bool cache_prompt) {
+                        int32_t draft_max, float p_min, bool cache_prompt, int32_t logprobs,
+                        bool post_sampling_probs) {
     GenRequest req;
     req.prompt = std::move(prompt);
     req.max_tokens = max_tokens;
@@ -234,6 +242,7 @@ GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std
     req.draft_max = draft_max;
     req.p_min = p_min;
     req.cache_prompt = cache_prompt;
+    req.probs = ProbsRequest{logprobs, post_sampling_probs};
     return req;
 }
 
@@ -249,7 +258,8 @@ void CallState::finish(const char * reason, std::vector<std::pair<std::string, d
     queue.push(Event{Event::Done, -1, {}, stats, std::nullopt, std::move(extra)});
 }
 
-const char * CallState::emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id) {
+const char * CallState::emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id,
+                             std::optional<TokenProbs> probs) {
     if (llama_vocab_is_eog(vocab, id)) {
         emitter.end_of_generation();
         queue.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
@@ -257,7 +267,7 @@ const char * CallState::emit(TokenEmitter & emitter, const llama_vocab * vocab, 
     }
     ++stats.tokens;
     const bool last = stats.tokens == req.max_tokens;
-    const bool stopped = emitter.token(id, last);
+    const bool stopped = emitter.token(id, last, std::move(probs));
     t_last = Clock::now();
     if (stats.tokens == 1) {
         t_first = t_last;
@@ -294,8 +304,14 @@ static nb::typed<nb::dict, nb::str, nb::any> stats_to_dict(const GenStats & s) {
 
 nb::object event_to_python(Event & ev) {
     switch (ev.kind) {
-        case Event::Token:
-            return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()));
+        case Event::Token: {
+            if (!ev.probs) return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()));
+            nb::list top;
+            for (const TopProb & t : ev.probs->top) {
+                top.append(nb::make_tuple(t.id, nb::bytes(t.piece.data(), t.piece.size()), t.logprob));
+            }
+            return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()), ev.probs->logprob, top);
+        }
         case Event::EndOfGeneration:
             return nb::make_tuple(1, ev.id);
         case Event::Done: {

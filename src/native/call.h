@@ -18,6 +18,7 @@
 #include "sampling.h"  // common
 #include "context.h"
 #include "errors.h"
+#include "logprobs.h"
 #include "utf8.h"
 
 namespace llamaspec {
@@ -59,6 +60,8 @@ struct Event {
     std::vector<std::pair<std::string, double>> extra = {};
     // PromptProgress: prompt tokens decoded so far (stats.prompt_tokens is the whole prompt).
     int32_t processed = 0;
+    // Token of a call with logprobs on: the token's log-probability and the top candidates.
+    std::optional<TokenProbs> probs = std::nullopt;
 };
 
 // A blocking FIFO between the engine (push) and the consumer (pop with a timeout). An asyncio
@@ -104,6 +107,7 @@ struct GenRequest {
     int32_t draft_max = -1;        // this call's longest draft (0: none; -1: the session's n_draft)
     float p_min = -1.0f;           // this call's draft confidence threshold (-1: the session's; patch 0007)
     bool cache_prompt = true;      // reuse what the sequence's memory holds of the prompt (prompt cache)
+    ProbsRequest probs;            // log-probabilities on each Token event (logprobs.h)
 };
 
 // Turns sampled token ids into Token events: valid UTF-8, stop strings, and the one-event hold-back
@@ -112,8 +116,8 @@ class TokenEmitter {
 public:
     TokenEmitter(const llama_vocab * vocab, EventQueue & queue, std::vector<std::string> stops)
         : vocab_(vocab), queue_(queue), stop_(std::move(stops)) {}
-    // Emits a token; returns true when a stop string ended the text.
-    bool token(llama_token id, bool last);
+    // Emits a token (with its probabilities, when asked for); returns true when a stop string ended the text.
+    bool token(llama_token id, bool last, std::optional<TokenProbs> probs = std::nullopt);
     // The model ended by itself: release whatever is held into the last token event.
     void end_of_generation();
     // Generation stops for another reason (cancel, error): push what is deferred as it is.
@@ -152,7 +156,8 @@ struct CallState {
     // Emits one sampled token: end-of-generation, or a Token event with the max_tokens and
     // stop-string checks and the first/last-token times. Returns the finish reason when the call is
     // over ("stop" | "length"), else nullptr.
-    const char * emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id);
+    const char * emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id,
+                      std::optional<TokenProbs> probs = std::nullopt);
     // Sets stats.generation_s from the first and last token times.
     void close_window() { stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0; }
     // Pushes Done with the call's stats and extra figures.
@@ -172,7 +177,8 @@ void validate_request(const GenRequest & req, const Context & ctx);
 // A request from the arguments of a binding's start() (sampling: the validated options dict).
 GenRequest make_request(std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                         const nanobind::dict & sampling, std::string grammar_root, bool prompt_progress,
-                        int32_t draft_max, float p_min, bool cache_prompt);
+                        int32_t draft_max, float p_min, bool cache_prompt, int32_t logprobs,
+                        bool post_sampling_probs);
 
 // Converts events and stats into Python objects for the bindings.
 nanobind::object event_to_python(Event & ev);

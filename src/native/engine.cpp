@@ -23,6 +23,25 @@ void add_stage_draft_time(const common_speculative * spec, std::vector<int64_t> 
     for (size_t i = 0; i < now.size(); ++i) last[i] = now[i].t_draft_us;
 }
 
+// Samples the rows `idxs` of the last target pass in order with the call's sampler, accepting each
+// token, until one differs from the draft (upstream's common_sampler_sample_and_accept_n, which it
+// mirrors, with the same break on an end-of-generation token inside the draft); with logprobs on,
+// `probs` gets each sampled token's probabilities, read at its own draw.
+std::vector<llama_token> sample_and_accept(CallState & c, llama_context * ctx, const std::vector<int> & idxs,
+                                           const llama_tokens & draft, std::vector<TokenProbs> & probs) {
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    std::vector<llama_token> ids;
+    probs.clear();
+    for (size_t i = 0; i < idxs.size(); ++i) {
+        const llama_token id = common_sampler_sample(c.smpl.get(), ctx, idxs[i]);
+        if (c.req.probs.on()) probs.push_back(token_probs(c.req.probs, ctx, idxs[i], c.smpl.get(), id));
+        common_sampler_accept(c.smpl.get(), id, true);
+        ids.push_back(id);
+        if (i == draft.size() || draft[i] != id || (llama_vocab_is_eog(vocab, id) && i + 1 < draft.size())) break;
+    }
+    return ids;
+}
+
 // The exception in flight (inside a catch block) as the Error a call fails with: ours as it is,
 // any other std::exception as Generic, anything else as Generic with a fixed message. Nothing that
 // is thrown on the engine thread may leave it (std::terminate would end the process).
@@ -409,15 +428,16 @@ void Engine::run_loop(std::vector<std::unique_ptr<SeqState>> & seqs) {
     }
 }
 
-const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids) {
+const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> * probs) {
     CallState & c = s.c();
     const llama_vocab * vocab = core_->tgt->model()->vocab();
     const int32_t before = c.stats.tokens;
     const char * reason = nullptr;
-    for (llama_token id : ids) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const llama_token id = ids[i];
         if (s.id_last >= 0) s.prompt_tgt.push_back(s.id_last);  // decoded by the pass that sampled `id`
         s.id_last = id;
-        reason = c.emit(s.emitter, vocab, id);
+        reason = c.emit(s.emitter, vocab, id, probs ? std::optional<TokenProbs>(std::move((*probs)[i])) : std::nullopt);
         if (c.stats.tokens > before && !s.generating) {
             s.generating = true;
             if (n_generating_++ == 0) t_gen_first_ = c.t_first;
@@ -513,13 +533,13 @@ void Engine::prefill_chunk(SeqState & s) {
     }
     // plain: the first token, sampled from the prompt's last row
     const Clock::time_point ts = Clock::now();
-    const llama_token id = common_sampler_sample(c.smpl.get(), ctx_tgt, i_last);
-    common_sampler_accept(c.smpl.get(), id, true);
+    std::vector<TokenProbs> probs;
+    const std::vector<llama_token> ids = sample_and_accept(c, ctx_tgt, {i_last}, {}, probs);
     const double sample_us = us_since(ts);
     s.delta.sample_us += sample_us;
     shared_.sample_us += sample_us;
     s.n_past = n_prefix;
-    if (const char * reason = emit_tokens(s, {id})) retire(s, reason);
+    if (const char * reason = emit_tokens(s, ids, c.req.probs.on() ? &probs : nullptr)) retire(s, reason);
 }
 
 void Engine::iterate(std::vector<SeqState *> & ready) {
@@ -664,6 +684,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     // decoding), accept, emit, roll back the rejected positions
     double sample_us = 0;
     std::vector<int> idxs;
+    std::vector<TokenProbs> probs;
     for (SeqState * s : ready) {
         try {
             CallState & c = s->c();
@@ -674,7 +695,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             const Clock::time_point ts = Clock::now();
             idxs.resize(s->draft.size() + 1);
             for (size_t i = 0; i < idxs.size(); ++i) idxs[i] = s->i_batch + (int) i;
-            const std::vector<llama_token> ids = common_sampler_sample_and_accept_n(c.smpl.get(), ctx_tgt, idxs, s->draft);
+            const std::vector<llama_token> ids = sample_and_accept(c, ctx_tgt, idxs, s->draft, probs);
             const double us = us_since(ts);
             delta.sample_us += us;
             sample_us += us;
@@ -712,7 +733,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             s->n_past += 1 + (llama_pos) n_acc;
 
             // emit, exactly up to max_tokens, an end-of-generation token or a stop string
-            if (const char * reason = emit_tokens(*s, ids)) {
+            if (const char * reason = emit_tokens(*s, ids, c.req.probs.on() ? &probs : nullptr)) {
                 retire(*s, reason);
                 continue;
             }

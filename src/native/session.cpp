@@ -582,16 +582,16 @@ void register_session(nb::module_ & m) {
         .def("start",
              [](Session & s, std::vector<llama_token> prompt, int32_t max_tokens, std::vector<std::string> stop,
                 nb::typed<nb::dict, nb::str, nb::any> sampling, std::string grammar_root, bool prompt_progress,
-                int32_t draft_max, float p_min, bool cache_prompt) {
+                int32_t draft_max, float p_min, bool cache_prompt, int32_t logprobs, bool post_sampling_probs) {
                  GenRequest req = make_request(std::move(prompt), max_tokens, std::move(stop), sampling,
                                                std::move(grammar_root), prompt_progress, draft_max, p_min,
-                                               cache_prompt);
+                                               cache_prompt, logprobs, post_sampling_probs);
                  nb::gil_scoped_release nogil;
                  return s.start(std::move(req));
              },
              nb::arg("prompt"), nb::arg("max_tokens"), nb::arg("stop"), nb::arg("sampling"), nb::arg("grammar_root"),
              nb::arg("prompt_progress") = false, nb::arg("draft_max") = -1, nb::arg("p_min") = -1.0f,
-             nb::arg("cache_prompt") = true,
+             nb::arg("cache_prompt") = true, nb::arg("logprobs") = -1, nb::arg("post_sampling_probs") = false,
              "Start a generation on a free sequence; returns its Run (releases the GIL).");
 
     nb::class_<DraftLengthPolicy>(m, "DraftLengthPolicy",

@@ -38,6 +38,7 @@ from .protocol import (
     finish_reason,
     progress,
     timings,
+    token_logprobs,
     usage,
 )
 from .streaming import EventStream, Result, collect_all, sse, sse_error, start_stream
@@ -136,13 +137,38 @@ async def _completion_prompts(s: ServedModel, prompt: Any) -> list[list[int]]:
     return [await asyncio.to_thread(one, prompt)]
 
 
+class _StreamLogprobs:
+    """Log-probabilities of a stream: each token's entry waits for the chunk that carries its text (a
+    token whose text is held back joins the next one's chunk); entries of tokens whose text never
+    comes (a stop string's) are dropped, as in a whole response."""
+
+    def __init__(self, piece: Callable[[int], bytes], post_sampling: bool) -> None:
+        self._piece = piece
+        self._post = post_sampling
+        self._pending: list[dict[str, Any]] = []
+
+    def take(self, ev: Token) -> list[dict[str, Any]] | None:
+        """The entries to send with this token's chunk, or None while its text is held back."""
+        self._pending.append(token_logprobs(ev, self._piece(ev.id), self._post))
+        if not ev.text:
+            return None
+        out, self._pending = self._pending, []
+        return out
+
+
+def _stream_logprobs(s: ServedModel, req: Sampling) -> _StreamLogprobs | None:
+    if req.top_candidates() is None:
+        return None
+    return _StreamLogprobs(s.model.token_to_piece, req.post_sampling_probs)
+
+
 async def _openai_stream(
-    env: Envelope, events: AsyncIterator[Event], spec: bool, req: Sampling
+    env: Envelope, events: AsyncIterator[Event], spec: bool, req: Sampling, probs: _StreamLogprobs | None
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence for a chat or text completion: (chat: the role chunk), a chunk per
-    piece of text, prompt progress when asked for, the finish chunk with llama-server's timings, the
-    usage chunk with stream_options.include_usage, then [DONE]; an error after the start is an SSE
-    error event."""
+    piece of text (with its tokens' log-probabilities when asked for), prompt progress when asked
+    for, the finish chunk with llama-server's timings, the usage chunk with
+    stream_options.include_usage, then [DONE]; an error after the start is an SSE error event."""
     piece = env.piece_writer()
     try:
         if env.object == "chat.completion":
@@ -156,6 +182,10 @@ async def _openai_stream(
         async for ev in events:
             if isinstance(ev, PromptProgress):
                 yield sse(env(chunk=True, choices=[], **progress(ev)))
+            elif isinstance(ev, Token) and probs is not None:
+                entries = probs.take(ev)
+                if entries is not None:
+                    yield sse(env(chunk=True, choices=[env.chunk_choice(ev.text, logprobs=entries)]))
             elif isinstance(ev, Token) and ev.text:
                 yield piece(ev.text)
             elif isinstance(ev, Done):
@@ -168,6 +198,13 @@ async def _openai_stream(
         yield "data: [DONE]\n\n"
     except LlamaspecError as e:
         yield sse_error(e)
+
+
+def _logprobs(s: ServedModel, req: Sampling, r: Result) -> dict[str, Any] | None:
+    """The ``logprobs`` of a whole response's choice: ``{"content": [...]}`` when asked for, else null."""
+    if req.top_candidates() is None:
+        return None
+    return {"content": r.logprobs(s.model.token_to_piece, req.post_sampling_probs)}
 
 
 def _pick(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
@@ -295,7 +332,7 @@ def create_app(
                     "index": i,
                     "message": {"role": "assistant", "content": r.text},
                     "finish_reason": finish_reason(r.stats),
-                    "logprobs": None,
+                    "logprobs": _logprobs(s, req, r),
                 }
                 for i, r in enumerate(done)
             ]
@@ -310,7 +347,7 @@ def create_app(
         if req.n != 1:
             raise ApiError(400, "a streamed chat completion takes n = 1")
         events = await start_stream(request, s, calls[0])
-        return EventStream(_openai_stream(env, events, spec, req))
+        return EventStream(_openai_stream(env, events, spec, req, _stream_logprobs(s, req)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -324,7 +361,12 @@ def create_app(
             done = await collect_all(request, s, calls)
             stats = [r.stats for r in done]
             choices = [
-                {"index": i, "text": r.text, "logprobs": None, "finish_reason": finish_reason(r.stats)}
+                {
+                    "index": i,
+                    "text": r.text,
+                    "logprobs": _logprobs(s, req, r),
+                    "finish_reason": finish_reason(r.stats),
+                }
                 for i, r in enumerate(done)
             ]
             return JSONResponse(
@@ -337,16 +379,18 @@ def create_app(
         if len(calls) != 1:
             raise ApiError(400, "a streamed completion takes one prompt")
         events = await start_stream(request, s, calls[0])
-        return EventStream(_openai_stream(env, events, spec, req))
+        return EventStream(_openai_stream(env, events, spec, req, _stream_logprobs(s, req)))
 
     # -- llama-server's native completion --------------------------------------------------------------
 
-    def native_final(s: ServedModel, call: Call, r: Result, want_tokens: bool) -> dict[str, Any]:
+    def native_final(
+        s: ServedModel, call: Call, r: Result, req: CompletionRequest, stream: bool
+    ) -> dict[str, Any]:
         st = r.stats
-        return {
+        out = {
             "index": 0,
             "content": r.text,
-            "tokens": r.ids if want_tokens else [],
+            "tokens": r.ids if req.return_tokens else [],
             "id_slot": st.seq,
             "stop": True,
             "model": cfg.model_id,
@@ -361,6 +405,9 @@ def create_app(
             "tokens_cached": st.prompt_tokens + st.tokens,  # what the sequence holds after the call
             "timings": timings(st, s.method != "none"),
         }
+        if not stream and req.top_candidates() is not None:  # a stream sent them with its chunks
+            out["completion_probabilities"] = r.logprobs(s.model.token_to_piece, req.post_sampling_probs)
+        return out
 
     @app.post("/completion")
     @app.post("/completions")  # llama-server's alias of its native route (OpenAI's is /v1/completions)
@@ -373,7 +420,7 @@ def create_app(
         if not req.stream:
             done = await collect_all(request, s, calls)
             bodies = [
-                _pick(native_final(s, c, r, req.return_tokens) | {"index": i}, req.response_fields)
+                _pick(native_final(s, c, r, req, stream=False) | {"index": i}, req.response_fields)
                 for i, (c, r) in enumerate(zip(calls, done))
             ]
             return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
@@ -383,18 +430,24 @@ def create_app(
 
         async def body() -> AsyncIterator[str]:
             r = Result()
+            probs = _stream_logprobs(s, req)
             partial = {"index": 0, "stop": False, "id_slot": -1}
             try:
                 async for ev in events:
                     r.add(ev)
                     if isinstance(ev, PromptProgress):
                         yield sse({**partial, "content": "", "tokens": [], **progress(ev)})
-                    elif isinstance(ev, Token) and ev.text:
-                        yield sse(
-                            {**partial, "content": ev.text, "tokens": [ev.id] if req.return_tokens else []}
-                        )
+                    elif isinstance(ev, Token):
+                        entries = probs.take(ev) if probs is not None else None
+                        if not ev.text:
+                            continue
+                        ids = [ev.id] if req.return_tokens else []
+                        chunk = {**partial, "content": ev.text, "tokens": ids}
+                        if entries is not None:
+                            chunk["completion_probabilities"] = entries
+                        yield sse(chunk)
                     elif isinstance(ev, Done):
-                        final = native_final(s, calls[0], r, req.return_tokens) | {"content": ""}
+                        final = native_final(s, calls[0], r, req, stream=True) | {"content": ""}
                         yield sse(_pick(final, req.response_fields))
             except LlamaspecError as e:
                 yield sse_error(e)

@@ -145,6 +145,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accepted for llama-server scripts: templates always run on llama.cpp's jinja engine",
     )
+    eng.add_argument(
+        "-bs",
+        "--backend-sampling",
+        "--backend_sampling",
+        action="store_true",
+        help="accepted for llama-server scripts: llamaspec always samples on the host, after each pass",
+    )
     add_speculative_arguments(p)
     add_sampling_arguments(p, "sampling defaults (a request's fields override them)")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")

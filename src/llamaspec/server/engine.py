@@ -47,6 +47,7 @@ class Call:
         """The call's settings as JSON (llama-server's generation_settings); a banned token's bias
         (-inf) is null, as llama-server writes it."""
         out = {"n_predict": self.max_tokens, **self.sampling}
+        out["n_probs"] = out.get("top_logprobs", 0) if out.get("logprobs") else 0
         if "logit_bias" in out:
             out["logit_bias"] = [[t, b if math.isfinite(b) else None] for t, b in out["logit_bias"].items()]
         return out

@@ -5,8 +5,8 @@ shares (usage, timings, errors). Field names and shapes follow OpenAI's API and 
 
 from __future__ import annotations
 
-import math
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import __version__
-from ..events import GenerationStats, PromptProgress
+from ..events import GenerationStats, PromptProgress, Token
 
 
 class ApiError(Exception):
@@ -85,6 +85,12 @@ class Sampling(BaseModel):
     timings_per_token: bool = False
     return_progress: bool = False
     cache_prompt: bool = True  # reuse what the sequence holds of the prompt (llama-server's field)
+    # log-probabilities: OpenAI's logprobs (chat: a bool with top_logprobs; /v1/completions: the number
+    # of top candidates) and llama-server's n_probs (0: off) and post_sampling_probs
+    logprobs: bool | int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    n_probs: int | None = Field(None, ge=0, le=20)
+    post_sampling_probs: bool = False
     verbose: bool = False
     speculative: SpeculativeFields | None = None
 
@@ -125,6 +131,9 @@ class Sampling(BaseModel):
             out["stop"] = [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
         if self.logit_bias:
             out["logit_bias"] = _logit_bias(self.logit_bias, n_vocab, tokenize)
+        top = self.top_candidates()
+        if top is not None:
+            out.update(logprobs=True, top_logprobs=top, post_sampling_probs=self.post_sampling_probs)
         schema = self.output_schema()
         if schema is not None:
             if not isinstance(schema, dict):
@@ -138,6 +147,16 @@ class Sampling(BaseModel):
     def output_schema(self) -> Any:
         """The JSON schema the output must follow, or None (llama-server's json_schema field)."""
         return self.json_schema
+
+    def top_candidates(self) -> int | None:
+        """How many top candidates each token's log-probabilities list, or None for none: n_probs
+        (llama-server's; 0 is off), else ``logprobs`` as a count (OpenAI's legacy completions; true
+        is 0: the token's own value only)."""
+        if self.n_probs:
+            return self.n_probs
+        if self.logprobs is None or self.logprobs is False:
+            return None
+        return 0 if self.logprobs is True else int(self.logprobs)
 
 
 def _logit_bias(
@@ -199,6 +218,20 @@ class ChatRequest(Sampling):
             return self.json_schema
         raise ApiError(400, f'response_format type must be "text", "json_object" or "json_schema", '
                             f"not {kind!r}")
+
+    def top_candidates(self) -> int | None:
+        """OpenAI's chat fields: ``logprobs: true`` with ``top_logprobs`` (0 when absent) candidates;
+        llama-server's n_probs, when given, wins. top_logprobs without logprobs is a 400 (OpenAI's and
+        llama-server's answer)."""
+        if self.n_probs:
+            return self.n_probs
+        if self.logprobs is None or self.logprobs is False:
+            if self.top_logprobs is not None:
+                raise ApiError(400, "top_logprobs requires logprobs to be set to true")
+            return None
+        if self.logprobs is not True:
+            raise ApiError(400, "logprobs must be a boolean (the number of candidates is top_logprobs)")
+        return self.top_logprobs or 0
 
     @field_validator("messages")
     @classmethod
@@ -282,12 +315,15 @@ class Envelope:
             **fields,
         }
 
-    def chunk_choice(self, text: str | None, finish: str | None = None) -> dict[str, Any]:
-        """The one choice of a stream chunk: a piece of text, or (None) the finish chunk's."""
+    def chunk_choice(self, text: str | None, finish: str | None = None,
+                     logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The one choice of a stream chunk: a piece of text (with its tokens' log-probabilities when
+        asked for), or (None) the finish chunk's."""
+        lp = None if logprobs is None else {"content": logprobs}
         if self.object == "chat.completion":
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
+        return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
 
     def piece_writer(self) -> Callable[[str], str]:
         """The SSE event of a chunk that carries one piece of text (the hot path: one per token),
@@ -370,3 +406,25 @@ def usage(calls: list[GenerationStats], one_prompt: bool = False) -> dict[str, A
 def finish_reason(st: GenerationStats) -> Literal["stop", "length"]:
     """OpenAI's finish_reason for a finished call."""
     return "length" if st.finish_reason == "length" else "stop"
+
+
+def token_logprobs(t: Token, piece: bytes, post_sampling: bool) -> dict[str, Any]:
+    """One generated token's entry of ``logprobs.content`` (chat and /v1/completions) and of
+    llama-server's ``completion_probabilities``: id, token, bytes, logprob and top_logprobs, or with
+    post_sampling_probs llama-server's prob and top_probs (probabilities after the sampler's filters).
+    ``piece``: the token's bytes (its Token.text may be held back or joined to another's)."""
+    value, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
+    def number(lp: float) -> float:
+        return math.exp(lp) if post_sampling else max(lp, -9999.0)  # JSON has no -inf
+
+    return {
+        "id": t.id,
+        "token": piece.decode("utf-8", "replace"),
+        "bytes": list(piece),
+        value: number(t.logprob if t.logprob is not None else 0.0),
+        top: [
+            {"id": c.id, "token": c.text, "bytes": list(c.bytes), value: number(c.logprob)}
+            for c in t.top_logprobs or ()
+        ],
+    }

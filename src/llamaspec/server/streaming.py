@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from ..errors import ChatTemplateError, GrammarError, InvalidOptionError, LlamaspecError
 from ..events import Done, EndOfGeneration, Event, GenerationStats, Token
 from .engine import Call, ServedModel
-from .protocol import ApiError
+from .protocol import ApiError, token_logprobs
 
 
 def sse(obj: Any) -> str:
@@ -73,6 +73,7 @@ class Result:
     def __init__(self) -> None:
         self.pieces: list[str] = []
         self.ids: list[int] = []
+        self.tokens: list[Token] = []
         self.eog = False
         self._stats: GenerationStats | None = None
 
@@ -81,10 +82,17 @@ class Result:
         if isinstance(ev, Token):
             self.pieces.append(ev.text)
             self.ids.append(ev.id)
+            self.tokens.append(ev)
         elif isinstance(ev, EndOfGeneration):
             self.eog = True
         elif isinstance(ev, Done):
             self._stats = ev.stats
+
+    def logprobs(self, piece: Callable[[int], bytes], post_sampling: bool) -> list[dict[str, Any]]:
+        """Each token's log-probabilities (protocol.token_logprobs) up to the last one whose text
+        is in the output (a stop string's tokens are not)."""
+        last = max((i for i, t in enumerate(self.tokens) if t.text), default=-1)
+        return [token_logprobs(t, piece(t.id), post_sampling) for t in self.tokens[: last + 1]]
 
     @property
     def text(self) -> str:
