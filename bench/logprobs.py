@@ -4,7 +4,7 @@ Cases:
   smollm2-plain  SmolLM2-135M Q4_1 (the test model; a 49,152-token vocabulary, so each token's
                  log-softmax and top-5 scan read 49,152 logits), plain decoding, chat template.
   smollm2-draft  the same drafting for itself (a draft model with the same weights), n_draft 4:
-                 every verified row is read, accepted or not.
+                 each verify reads the rows it samples (the accepted drafts and the one after).
   mtp            the MTP speed fixture at 100% acceptance (speed-mtp-0.0), n_draft 3 (a 260-token
                  vocabulary: what is left is the per-token bookkeeping and the Python objects).
 Greedy, so both sides generate the same tokens. Each call is consumed through stream_events (the

@@ -94,6 +94,24 @@ def token_ids(events: Iterable[object]) -> list[int]:
     return [e.id for e in events if isinstance(e, llamaspec.Token)]
 
 
+def assert_same_logprobs(want: list[llamaspec.Token], got: list[llamaspec.Token], tol: float = 1e-3) -> None:
+    """Log-probabilities of two generations (logprobs=True) that should be the same: equal ids; each
+    token's value and its candidates' values, rank by rank, within `tol`; the same candidates in the
+    same order, but for candidates whose values tie within `tol` (a batch of several rows may round
+    their last bits differently, so such a tie may list in either order)."""
+    assert [t.id for t in got] == [t.id for t in want]
+    for w, g in zip(want, got):
+        assert w.logprob is not None and g.logprob is not None and w.top_logprobs is not None
+        assert g.top_logprobs is not None and len(g.top_logprobs) == len(w.top_logprobs)
+        assert abs(w.logprob - g.logprob) <= tol
+        value = {c.id: c.logprob for c in w.top_logprobs + g.top_logprobs}
+        last = w.top_logprobs[-1].logprob if w.top_logprobs else 0.0
+        for a, b in zip(w.top_logprobs, g.top_logprobs):
+            assert abs(a.logprob - b.logprob) <= tol
+            if a.id != b.id:  # a tie: equal values, or both at the cut-off
+                assert abs(value[a.id] - value[b.id]) <= tol or min(value[a.id], value[b.id]) >= last - tol
+
+
 def proc_status(field: str, pid: int | str = "self") -> int:
     """A number from /proc/PID/status (e.g. "Threads", "VmRSS" in KiB)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -15,6 +15,7 @@ import pytest
 import llamaspec
 from llamaspec import InvalidOptionError, Speculative, Token
 
+from .conftest import assert_same_logprobs as assert_same
 from .conftest import token_ids
 
 ASK = [{"role": "user", "content": "What is the best book?"}]
@@ -22,23 +23,6 @@ ASK = [{"role": "user", "content": "What is the best book?"}]
 
 def tokens(events: Any) -> list[Token]:
     return [ev for ev in events if isinstance(ev, Token)]
-
-
-def assert_same(want: list[Token], got: list[Token], tol: float = 1e-3) -> None:
-    """Equal ids; each token's value and its candidates' values, rank by rank, within `tol`; the
-    same candidates in the same order, but for candidates whose values tie within `tol` (a batch of
-    several rows may round their last bits differently, so such a tie may list in either order)."""
-    assert [t.id for t in got] == [t.id for t in want]
-    for w, g in zip(want, got):
-        assert w.logprob is not None and g.logprob is not None and w.top_logprobs is not None
-        assert g.top_logprobs is not None and len(g.top_logprobs) == len(w.top_logprobs)
-        assert abs(w.logprob - g.logprob) <= tol
-        value = {c.id: c.logprob for c in w.top_logprobs + g.top_logprobs}
-        last = w.top_logprobs[-1].logprob if w.top_logprobs else 0.0
-        for a, b in zip(w.top_logprobs, g.top_logprobs):
-            assert abs(a.logprob - b.logprob) <= tol
-            if a.id != b.id:  # a tie: equal values, or both at the cut-off
-                assert abs(value[a.id] - value[b.id]) <= tol or min(value[a.id], value[b.id]) >= last - tol
 
 
 @pytest.mark.real_model
@@ -137,6 +121,7 @@ def test_logprobs_off_and_top_zero(fx: llamaspec.Model) -> None:
         cut = tokens(gen.stream_events(list(b"abc"), 8, temperature=0, stop=[stop], logprobs=True,
                                        top_logprobs=2))
         assert "".join(t.text for t in cut) == text[:3]
+        assert any(t.text == "" for t in cut)  # the stop string's first byte, held, then dropped
         assert all(t.top_logprobs is not None and len(t.top_logprobs) == 2 for t in cut)
 
 
@@ -153,5 +138,11 @@ def test_misuse_is_an_invalid_option_error(fx: llamaspec.Model, options: dict[st
     with llamaspec.Generator(fx, n_ctx=64, n_threads=1) as gen:
         with pytest.raises(InvalidOptionError, match=message):
             gen.generate(list(b"abc"), 4, **options)
+
+
+def test_the_native_start_checks_its_logprobs_arguments(fx: llamaspec.Model) -> None:
+    with llamaspec.Generator(fx, n_ctx=64, n_threads=1) as gen:
         with pytest.raises(InvalidOptionError, match="top_logprobs must be in"):
             gen._require().start(list(b"abc"), 4, [], {}, "root", logprobs=21)
+        with pytest.raises(InvalidOptionError, match="post_sampling_probs needs logprobs"):
+            gen._require().start(list(b"abc"), 4, [], {}, "root", post_sampling_probs=True)

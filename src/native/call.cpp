@@ -23,8 +23,9 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 namespace {
 using SP = common_params_sampling;
-// Every sampling option (src/llamaspec/_options.py SAMPLING_OPTIONS, less stop and grammar_root,
-// which the call itself takes, and json_schema, which the Python face turns into grammar).
+// Every sampling option (src/llamaspec/_options.py SAMPLING_OPTIONS, less stop, grammar_root and the
+// log-probability options, which the call itself takes, and json_schema, which the Python face turns
+// into grammar).
 const OptionField<SP> kSamplingOptions[] = {
     LLAMASPEC_OPTION_FIELD(SP, "temperature", temp, float),
     LLAMASPEC_OPTION_FIELD(SP, "top_k", top_k, int32_t),
