@@ -456,6 +456,12 @@ def test_completion_logprobs_and_post_sampling_probs(plain: Server, smol: llamas
     lp = (r.choices[0].logprobs.model_extra or {}) if r.choices[0].logprobs else {}
     assert "".join(e["token"] for e in lp["content"]) == r.choices[0].text
     assert all(len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["id"] == e["id"] for e in lp["content"])
+    body = {"prompt": PROMPT, "n_predict": 3, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    for route in ("/v1/completions", "/completion"):  # top_logprobs counts on every endpoint
+        out = httpx.post(f"{plain.url}{route}", json=body, timeout=60).json()
+        entries = (out["choices"][0]["logprobs"]["content"] if "choices" in out
+                   else out["completion_probabilities"])
+        assert [len(e["top_logprobs"]) for e in entries] == [2, 2, 2]
     body = {"prompt": PROMPT, "n_predict": 6, "temperature": 0.9, "seed": 3, "n_probs": 4,
             "post_sampling_probs": True}
     native = httpx.post(f"{plain.url}/completion", json=body, timeout=60).json()

@@ -150,13 +150,16 @@ class Sampling(BaseModel):
 
     def top_candidates(self) -> int | None:
         """How many top candidates each token's log-probabilities list, or None for none: n_probs
-        (llama-server's; 0 is off), else ``logprobs`` as a count (OpenAI's legacy completions; true
-        is 0: the token's own value only)."""
+        (llama-server's; 0 is off), else ``logprobs``: true with ``top_logprobs`` (0 when absent,
+        OpenAI's chat fields) or a count (OpenAI's legacy completions). top_logprobs without
+        logprobs is a 400 (OpenAI's and llama-server's answer)."""
         if self.n_probs:
             return self.n_probs
         if self.logprobs is None or self.logprobs is False:
+            if self.top_logprobs is not None:
+                raise ApiError(400, "top_logprobs requires logprobs to be set to true")
             return None
-        return 0 if self.logprobs is True else int(self.logprobs)
+        return (self.top_logprobs or 0) if self.logprobs is True else int(self.logprobs)
 
 
 def _logit_bias(
@@ -220,18 +223,10 @@ class ChatRequest(Sampling):
                             f"not {kind!r}")
 
     def top_candidates(self) -> int | None:
-        """OpenAI's chat fields: ``logprobs: true`` with ``top_logprobs`` (0 when absent) candidates;
-        llama-server's n_probs, when given, wins. top_logprobs without logprobs is a 400 (OpenAI's and
-        llama-server's answer)."""
-        if self.n_probs:
-            return self.n_probs
-        if self.logprobs is None or self.logprobs is False:
-            if self.top_logprobs is not None:
-                raise ApiError(400, "top_logprobs requires logprobs to be set to true")
-            return None
-        if self.logprobs is not True:
+        """As on every endpoint, but chat's ``logprobs`` is a boolean (OpenAI's chat API)."""
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
             raise ApiError(400, "logprobs must be a boolean (the number of candidates is top_logprobs)")
-        return self.top_logprobs or 0
+        return super().top_candidates()
 
     @field_validator("messages")
     @classmethod
