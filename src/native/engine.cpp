@@ -428,7 +428,7 @@ void Engine::run_loop(std::vector<std::unique_ptr<SeqState>> & seqs) {
     }
 }
 
-const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> * probs) {
+const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> & probs) {
     CallState & c = s.c();
     const llama_vocab * vocab = core_->tgt->model()->vocab();
     const int32_t before = c.stats.tokens;
@@ -437,7 +437,7 @@ const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & 
         const llama_token id = ids[i];
         if (s.id_last >= 0) s.prompt_tgt.push_back(s.id_last);  // decoded by the pass that sampled `id`
         s.id_last = id;
-        reason = c.emit(s.emitter, vocab, id, probs ? std::optional<TokenProbs>(std::move((*probs)[i])) : std::nullopt);
+        reason = c.emit(s.emitter, vocab, id, i < probs.size() ? std::optional<TokenProbs>(std::move(probs[i])) : std::nullopt);
         if (c.stats.tokens > before && !s.generating) {
             s.generating = true;
             if (n_generating_++ == 0) t_gen_first_ = c.t_first;
@@ -539,7 +539,7 @@ void Engine::prefill_chunk(SeqState & s) {
     s.delta.sample_us += sample_us;
     shared_.sample_us += sample_us;
     s.n_past = n_prefix;
-    if (const char * reason = emit_tokens(s, ids, c.req.probs.on() ? &probs : nullptr)) retire(s, reason);
+    if (const char * reason = emit_tokens(s, ids, probs)) retire(s, reason);
 }
 
 void Engine::iterate(std::vector<SeqState *> & ready) {
@@ -733,7 +733,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             s->n_past += 1 + (llama_pos) n_acc;
 
             // emit, exactly up to max_tokens, an end-of-generation token or a stop string
-            if (const char * reason = emit_tokens(*s, ids, c.req.probs.on() ? &probs : nullptr)) {
+            if (const char * reason = emit_tokens(*s, ids, probs)) {
                 retire(*s, reason);
                 continue;
             }

@@ -119,9 +119,10 @@ private:
     void run_loop(std::vector<std::unique_ptr<SeqState>> & seqs);
     void prefill_chunk(SeqState & s);
     void iterate(std::vector<SeqState *> & ready);
-    // Emits sampled tokens up to the call's end (with their probabilities, when the call asked for them:
-    // `probs` then holds one per id); returns the finish reason, or nullptr.
-    const char * emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> * probs);
+    // Emits sampled tokens up to the call's end, each with its probabilities when `probs` has them (one
+    // per id, as sample_and_accept fills it when the call asked; empty otherwise); returns the finish
+    // reason, or nullptr.
+    const char * emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> & probs);
     void retire(SeqState & s, const char * reason);
     // At a call's end (reason nullptr: it failed): tells the prompt cache what its sequence holds.
     void keep_cache(SeqState & s, const char * reason);
