@@ -405,8 +405,9 @@ def create_app(
             "tokens_cached": st.prompt_tokens + st.tokens,  # what the sequence holds after the call
             "timings": timings(st, s.method != "none"),
         }
-        if not stream and req.top_candidates() is not None:  # a stream sent them with its chunks
-            out["completion_probabilities"] = r.logprobs(s.model.token_to_piece, req.post_sampling_probs)
+        lp = None if stream else _logprobs(s, req, r)  # a stream sent them with its chunks
+        if lp is not None:
+            out["completion_probabilities"] = lp["content"]
         return out
 
     @app.post("/completion")
