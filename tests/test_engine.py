@@ -252,14 +252,14 @@ def test_each_option_is_listed_once_per_side(smol: llamaspec.Model) -> None:
     """An option is one entry in the Python table (name, check, default) and one in the native
     table (name, setter): the two lists must name the same options, and the native side refuses a
     name it does not know instead of dropping it."""
-    from llamaspec._options import CONTEXT_OPTIONS, SAMPLING_OPTIONS
+    from llamaspec._options import CHAT_SAMPLING_FIELDS, CONTEXT_OPTIONS, SAMPLING_OPTIONS
 
     native = llamaspec._native
     assert sorted(native.context_option_names()) == sorted(CONTEXT_OPTIONS)
     # stop, grammar_root and the log-probability options are the call's own arguments, not the
     # sampler's; json_schema becomes grammar
     call_side = {"stop", "grammar_root", "json_schema", "logprobs", "top_logprobs", "post_sampling_probs"}
-    python_side = set(SAMPLING_OPTIONS) - call_side
+    python_side = set(SAMPLING_OPTIONS) - call_side | set(CHAT_SAMPLING_FIELDS)
     assert sorted(native.sampling_option_names()) == sorted(python_side)
     with Generator(smol, n_ctx=64) as gen:
         with pytest.raises(InvalidOptionError, match="unknown sampling option 'no_such'"):

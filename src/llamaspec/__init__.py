@@ -24,7 +24,23 @@ from .errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
-from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token, TopLogprob
+from .chat import ChatParser, ChatPrompt
+from .events import (
+    ChatMessage,
+    ContentDelta,
+    Done,
+    EndOfGeneration,
+    Event,
+    GenerationStats,
+    PromptProgress,
+    ReasoningDelta,
+    Stats,
+    Token,
+    ToolCall,
+    ToolCallArguments,
+    ToolCallStart,
+    TopLogprob,
+)
 from .generator import Generator
 from .grammar import json_schema_to_grammar
 from .model import Model
@@ -56,6 +72,14 @@ __all__ = [
     "PromptProgress",
     "Event",
     "GenerationStats",
+    "ChatPrompt",
+    "ChatParser",
+    "ChatMessage",
+    "ToolCall",
+    "ContentDelta",
+    "ReasoningDelta",
+    "ToolCallStart",
+    "ToolCallArguments",
     "LlamaspecError",
     "ModelLoadError",
     "LoadCancelledError",

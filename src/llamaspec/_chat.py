@@ -27,21 +27,41 @@ from .errors import ChatTemplateError, InvalidOptionError
 
 # Keys whose string values a template compares or dispatches on (never free text of a message).
 _STRUCTURAL_KEYS = frozenset({"role", "type"})
+# Rendered by the template as data, not aligned as text (their strings must hold no control-token text).
+_KEPT_KEY = "tool_calls"
 
 Render = Callable[[str], str]  # messages as JSON -> the rendered prompt
 
 
+class Renderer:
+    """The model's template (or ``chat_template``) as a Render, with tools and the other chat options
+    (template_kwargs hold JSON values); ``params(messages_json)`` is everything common's chat API
+    returned for that input (chat.cpp, chat_params), rendered once."""
+
+    def __init__(self, native: _native.Model, add_generation_prompt: bool = True,
+                 enable_thinking: bool | None = None, template_kwargs: Sequence[tuple[str, str]] = (),
+                 chat_template: str | None = None, tools_json: str = "[]", tool_choice: str = "auto",
+                 parallel_tool_calls: bool = False, reasoning_format: str = "auto") -> None:
+        self._native = native
+        self._args = (add_generation_prompt, -1 if enable_thinking is None else int(bool(enable_thinking)),
+                      list(template_kwargs), chat_template or "", tools_json, tool_choice,
+                      int(parallel_tool_calls), reasoning_format)
+        self._params: dict[str, dict[str, Any]] = {}
+
+    def params(self, messages: str) -> dict[str, Any]:
+        if messages not in self._params:
+            self._params[messages] = _native.chat_params(self._native, messages, *self._args)
+        return self._params[messages]
+
+    def __call__(self, messages: str) -> str:
+        prompt: str = self.params(messages)["prompt"]
+        return prompt
+
+
 def renderer(native: _native.Model, add_generation_prompt: bool = True, enable_thinking: bool | None = None,
-             template_kwargs: Sequence[tuple[str, str]] = (), chat_template: str | None = None) -> Render:
-    """The model's template (or ``chat_template``) as a Render; template_kwargs hold JSON values."""
-    thinking = -1 if enable_thinking is None else int(bool(enable_thinking))
-    kwargs = list(template_kwargs)
-
-    def render(messages: str) -> str:
-        return native.apply_chat_template(messages, add_generation_prompt, thinking, kwargs,
-                                          chat_template or "")
-
-    return render
+             template_kwargs: Sequence[tuple[str, str]] = (), chat_template: str | None = None) -> Renderer:
+    """The model's template (or ``chat_template``) without tools as a Render."""
+    return Renderer(native, add_generation_prompt, enable_thinking, template_kwargs, chat_template)
 
 
 def messages_json(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -62,17 +82,34 @@ def messages_json(messages: Sequence[Mapping[str, Any]]) -> str:
         raise InvalidOptionError(f"messages must be JSON-serializable: {e}") from e
 
 
-def _mark(value: Any, texts: list[str], nonce: str, key: str | None = None) -> Any:
-    """A copy of value with every free-text string replaced by a marker naming its index in texts."""
+def _strings(value: Any) -> list[str]:
+    """Every string in value (nested dicts and lists)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _mark(value: Any, texts: list[str], nonce: str, kept: list[str], key: str | None = None) -> Any:
+    """A copy of value with every free-text string replaced by a marker naming its index in texts.
+
+    An assistant message's ``tool_calls`` stay as they are (a template re-serializes the arguments,
+    so a marker could not survive it); their strings go to ``kept``, to be checked apart."""
+    if key == _KEPT_KEY:
+        kept.extend(_strings(value))
+        return value
     if isinstance(value, str):
         if key in _STRUCTURAL_KEYS:
             return value
         texts.append(value)
         return f"\ue000{nonce}:{len(texts) - 1}\ue001"
     if isinstance(value, Mapping):
-        return {k: _mark(v, texts, nonce, k) for k, v in value.items()}
+        return {k: _mark(v, texts, nonce, kept, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_mark(v, texts, nonce) for v in value]
+        return [_mark(v, texts, nonce, kept) for v in value]
     return value
 
 
@@ -102,7 +139,12 @@ def chat_tokens(native: _native.Model, messages: Sequence[Mapping[str, Any]], re
     plain = messages_json(messages)
     nonce = secrets.token_hex(6)
     texts: list[str] = []
-    marked_msgs = [_mark(dict(m), texts, nonce) for m in messages]
+    kept: list[str] = []
+    marked_msgs = [_mark(dict(m), texts, nonce, kept) for m in messages]
+    for t in kept:
+        if _has_control_text(native, t):
+            raise ChatTemplateError(f"a tool call in the messages holds control-token text ({t[:60]!r}): "
+                                    "refusing a prompt in which that text could become control tokens")
     rendered = render(plain)
     marked = render(json.dumps(marked_msgs))
     for fix in (lambda s: s, str.strip):
@@ -111,8 +153,12 @@ def chat_tokens(native: _native.Model, messages: Sequence[Mapping[str, Any]], re
             return list(native.tokenize_segments(segments, add_special))
     # The template transforms message text: use the rendered string only if no text could inject.
     for t in texts:
-        if list(native.tokenize(t, False, True)) != list(native.tokenize(t, False, False)):
+        if _has_control_text(native, t):
             raise ChatTemplateError(
                 "the chat template rewrites message text, and a message holds control-token text "
                 f"({t[:60]!r}): refusing a prompt in which that text could become control tokens")
     return list(native.tokenize(rendered, add_special, True))
+
+
+def _has_control_text(native: _native.Model, text: str) -> bool:
+    return list(native.tokenize(text, False, True)) != list(native.tokenize(text, False, False))

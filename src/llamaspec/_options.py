@@ -199,6 +199,11 @@ SAMPLING_OPTIONS: dict[str, Checker] = {
     "post_sampling_probs": _bool,
 }
 
+#: Sampling fields a chat template's tools set (ChatPrompt.sampling(); never a caller's option): the
+#: tool-call grammar, lazy until one of its triggers appears; the tokens that stay text; the text the
+#: template put at the start of the assistant's turn (a forced grammar starts after it).
+CHAT_SAMPLING_FIELDS = ("tool_grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "generation_prompt")
+
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 0.8,
     "top_k": 40,

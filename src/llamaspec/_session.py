@@ -21,19 +21,29 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _native
-from ._chat import chat_tokens, renderer
 from ._log import sync_log_level
 from ._options import call_options, logprobs_options, sampling_options
+from .chat import ChatPrompt
 from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
-from .events import Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Stats, Token, TopLogprob
+from .events import (
+    ChatMessage,
+    Done,
+    EndOfGeneration,
+    Event,
+    GenerationStats,
+    PromptProgress,
+    Stats,
+    Token,
+    TopLogprob,
+)
 from .grammar import json_schema_to_grammar
 from .model import Model
 from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats
 
 _S = TypeVar("_S", bound="_StreamingSession")
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | ChatPrompt
 Messages = Sequence[Mapping[str, Any]]
 
 logger = logging.getLogger("llamaspec")
@@ -54,6 +64,7 @@ class _Request:
     cache_prompt: bool = True
     logprobs: int = -1  # top candidates per token; -1: no log-probabilities
     post_sampling_probs: bool = False
+    chat: ChatPrompt | None = None  # a chat call: its reply is parsed (ChatPrompt.parser)
 
 
 def _check_timeout(name: str, v: Any) -> float | None:
@@ -79,6 +90,7 @@ class _Pull:
         self._run = run
         self._req = req
         self._first = True
+        self._parser = req.chat.parser() if req.chat is not None else None
 
     @property
     def wait(self) -> float:
@@ -96,6 +108,20 @@ class _Pull:
         if isinstance(event, Token):
             self._first = False
         return event
+
+    def events(self, ev: tuple[Any, ...] | None) -> list[Event]:
+        """``event(ev)``, and of a chat call what its text adds to the parsed reply: the deltas after
+        the Token, the message in Done."""
+        event = self.event(ev)
+        parser = self._parser
+        if parser is None:
+            return [event]
+        if isinstance(event, Token):
+            return [event, *parser.feed(event.text)] if event.text else [event]
+        if isinstance(event, Done):
+            last: list[Event] = [*parser.finish()]
+            return [*last, replace(event, message=parser.message)]
+        return [event]
 
 
 class _Waker:
@@ -198,8 +224,15 @@ class _StreamingSession:
         if (prompt is None) == (messages is None):
             raise InvalidOptionError("give either a prompt or messages=, not both" if prompt is not None
                                      else "give a prompt or messages=")
-        if messages is not None:
-            tokens = chat_tokens(self._native_model, messages, renderer(self._native_model))
+        chat = self._model.chat_prompt(messages) if messages is not None else prompt
+        if isinstance(chat, ChatPrompt):
+            tokens = list(chat.tokens)
+            tool_sampling = chat.sampling()
+            if "tool_grammar" in tool_sampling and opts.get("grammar"):
+                raise InvalidOptionError("a chat prompt with tools brings its own grammar: give no grammar or "
+                                         "json_schema with it (or tool_choice='none')")
+            opts.update(tool_sampling)
+            stop = [*stop, *(s for s in chat.stops if s not in stop)]
         elif isinstance(prompt, str):
             tokens = list(self._native_model.tokenize(prompt, True, True))
         elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
@@ -210,12 +243,14 @@ class _StreamingSession:
                     raise InvalidOptionError(f"a token-id prompt must hold ints, not {type(t).__name__}")
                 tokens.append(t)
         else:
-            raise InvalidOptionError(f"prompt must be a str or a list of token ids, not {type(prompt).__name__}")
+            raise InvalidOptionError(f"prompt must be a str, a list of token ids or a ChatPrompt, "
+                                     f"not {type(prompt).__name__}")
         if not tokens:
             raise InvalidOptionError("the prompt is empty")
         return _Request(tokens, max_tokens, _check_timeout("timeout", timeout),
                         _check_timeout("prefill_timeout", prefill_timeout), stop, grammar_root, opts,
-                        logprobs=logprobs, post_sampling_probs=post_sampling)
+                        logprobs=logprobs, post_sampling_probs=post_sampling,
+                        chat=chat if isinstance(chat, ChatPrompt) else None)
 
     @staticmethod
     def _call_options(req: _Request, prompt_progress: bool, draft_max: int | None,
@@ -269,10 +304,10 @@ class _StreamingSession:
                 on_start(run)
             pull = _Pull(self, run, req)
             while True:
-                event = pull.event(run.next(pull.wait))
-                yield event
-                if isinstance(event, Done):
-                    return
+                for event in pull.events(run.next(pull.wait)):
+                    yield event
+                    if isinstance(event, Done):
+                        return
         finally:
             self._finish(run)
 
@@ -290,10 +325,13 @@ class _StreamingSession:
         middle of a long prompt, and the sequence is free for the next call at once.
 
         Args:
-            prompt: text (tokenized with BOS as the model wants and special tokens parsed) or token ids.
+            prompt: text (tokenized with BOS as the model wants and special tokens parsed), token ids,
+                or a ChatPrompt (Model.chat_prompt: its tools' grammar and stop strings apply).
             messages: instead of a prompt, a chat (OpenAI-style messages) rendered with the model's
-                template; its text never becomes control tokens (Model.apply_chat_template,
-                tokenize=True). For template options, pass that method's ids as the prompt.
+                template; its text never becomes control tokens. Same as passing
+                ``Model.chat_prompt(messages)`` as the prompt; for tools and template options, pass
+                such a ChatPrompt: a chat call also streams the parsed reply (ContentDelta,
+                ReasoningDelta, ToolCallStart, ToolCallArguments) and Done carries it whole.
             max_tokens: exact upper bound on generated tokens (>= 1).
             timeout: seconds to wait for each token after the first (None: no limit).
             prefill_timeout: seconds to wait for the first token (None: no limit).
@@ -359,6 +397,31 @@ class _StreamingSession:
         events = self.stream_events(prompt, max_tokens, timeout, messages=messages,
                                     prefill_timeout=prefill_timeout, **sampling)
         return (ev.text for ev in events if isinstance(ev, Token) and ev.text)
+
+    def chat(self, messages: Messages | ChatPrompt, max_tokens: int = 256, timeout: float | None = 60.0, *,
+             prefill_timeout: float | None = None, **sampling: Any) -> ChatMessage:
+        """Generate a chat reply and return it parsed: content, reasoning and tool calls.
+
+        Args:
+            messages: OpenAI-style messages, or a ChatPrompt (Model.chat_prompt, e.g. with tools).
+            max_tokens, timeout, prefill_timeout, **sampling: as for ``generate``.
+
+        Returns:
+            The reply (its ``to_dict()`` is the assistant message to append to the conversation);
+            ``last_stats`` holds the call's figures.
+
+        Raises:
+            As ``stream_events``.
+        """
+        prompt = messages if isinstance(messages, ChatPrompt) else self._model.chat_prompt(messages)
+        events = self.stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
+        try:
+            for ev in events:
+                if isinstance(ev, Done) and ev.message is not None:
+                    return ev.message
+        finally:
+            events.close()  # type: ignore[attr-defined]
+        raise RuntimeError("the chat call ended without its message")  # unreachable: Done always comes
 
     def generate(self, prompt: Prompt | None = None, max_tokens: int = 256,
                  timeout: float | None = 60.0, *,
@@ -447,10 +510,10 @@ class _StreamingSession:
                 wait = pull.wait
                 raw = await (waker.next(wait) if waker is not None
                              else loop.run_in_executor(None, run.next, wait))
-                event = pull.event(raw)
-                yield event
-                if isinstance(event, Done):
-                    return
+                for event in pull.events(raw):
+                    yield event
+                    if isinstance(event, Done):
+                        return
         finally:
             if waker is not None:
                 waker.close()

@@ -1,16 +1,19 @@
 """The events a generation streams: PromptProgress* (when asked for), Token*, then EndOfGeneration (if
-the model stopped), then Done."""
+the model stopped), then Done. A chat call (``messages=`` or a ChatPrompt) also streams what its
+tokens add to the parsed message, each right after the Token that completed it: ContentDelta,
+ReasoningDelta, ToolCallStart and ToolCallArguments; its Done carries the whole ChatMessage."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 from .stats import SpecStats
 
 __all__ = ["Token", "TopLogprob", "EndOfGeneration", "Done", "Stats", "PromptProgress", "GenerationStats",
-           "Event",
-           "FinishReason"]
+           "Event", "FinishReason", "ContentDelta", "ReasoningDelta", "ToolCallStart", "ToolCallArguments",
+           "ToolCall", "ChatMessage", "ChatDelta"]
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -133,10 +136,98 @@ class GenerationStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ContentDelta:
+    """Text added to a chat reply's content (its reasoning and tool-call markup left out)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Text added to a chat reply's reasoning (a thinking model's ``<think>...</think>`` and the
+    other formats llama.cpp's chat parser knows; ``reasoning_format="none"`` leaves it in the content)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStart:
+    """A tool call begins: its position among the reply's calls, its id and the function's name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArguments:
+    """A piece of tool call ``index``'s arguments (JSON text; the pieces concatenate to it)."""
+
+    index: int
+    text: str
+
+
+ChatDelta = Union[ContentDelta, ReasoningDelta, ToolCallStart, ToolCallArguments]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model asked for.
+
+    Attributes:
+        id: the call's id (the model's, or a random one as llama-server makes).
+        name: the function's name.
+        arguments: its arguments as JSON text (as OpenAI's API carries them).
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+    def parsed_arguments(self) -> Any:
+        """The arguments as Python values (``json.loads``; ValueError if they are not JSON)."""
+        return json.loads(self.arguments)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """A chat reply parsed with its template's output format (ChatPrompt).
+
+    Attributes:
+        content: the reply's text, without the reasoning and the tool-call markup.
+        reasoning_content: the reasoning ("" when the model did not think or the format keeps it inline).
+        tool_calls: the tool calls, in order.
+    """
+
+    content: str
+    reasoning_content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as an OpenAI chat message (``role`` "assistant"), e.g. to append to the
+        conversation: content None when empty with tool calls, as OpenAI writes it."""
+        out: dict[str, Any] = {"role": "assistant",
+                               "content": None if not self.content and self.tool_calls else self.content}
+        if self.reasoning_content:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in self.tool_calls]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
-    """Always the last event of a generation."""
+    """Always the last event of a generation.
+
+    Attributes:
+        stats: the call's figures.
+        message: of a chat call (``messages=`` or a ChatPrompt), the reply parsed; else None.
+    """
 
     stats: GenerationStats
+    message: ChatMessage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,4 +238,5 @@ class Stats:
     snapshot: SpecStats
 
 
-Event = Union[Token, EndOfGeneration, Done, Stats, PromptProgress]
+Event = Union[Token, EndOfGeneration, Done, Stats, PromptProgress, ContentDelta, ReasoningDelta,
+              ToolCallStart, ToolCallArguments]

@@ -9,8 +9,9 @@ from types import TracebackType
 from typing import Any, Literal, overload
 
 from . import _native
-from ._chat import chat_tokens, messages_json, renderer
+from ._chat import Renderer, chat_tokens, messages_json, renderer
 from ._log import sync_log_level
+from .chat import REASONING_FORMATS, ChatPrompt, tools_json
 from .errors import ClosedError, InvalidOptionError, ModelLoadError
 
 __all__ = ["Model"]
@@ -378,6 +379,65 @@ class Model:
             return chat_tokens(native, messages, render)
         return render(messages_json(messages))
 
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = "auto",
+        parallel_tool_calls: bool = False,
+        reasoning_format: str = "auto",
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+        chat_template: str | None = None,
+        **template_kwargs: Any,
+    ) -> ChatPrompt:
+        """A conversation, with tools, rendered for generation; pass it as a session's prompt.
+
+        Rendering goes through llama.cpp's chat API (common/chat.h) and the safe token path of
+        ``apply_chat_template(tokenize=True)``: message text never becomes control tokens (the tool
+        definitions are the application's and count as template text). A session given the result
+        samples with the template's tool-call grammar and streams the reply parsed (ChatPrompt).
+
+        Args:
+            messages: OpenAI-style messages; assistant messages may carry ``tool_calls`` and tool
+                results come as ``{"role": "tool", "tool_call_id": ..., "content": ...}``.
+            tools: OpenAI tool objects ``{"type": "function", "function": {"name", "description",
+                "parameters"}}``, rendered in the template's own tool format (common's generic
+                format for a template without one).
+            tool_choice: "auto" (the model may call a tool), "none" (tools shown, no call parsed),
+                "required" (a call is forced by the grammar), or ``{"type": "function",
+                "function": {"name": ...}}`` (that tool is required).
+            parallel_tool_calls: allow several calls in one reply.
+            reasoning_format: "auto"/"deepseek" put a thinking model's reasoning apart, "none" keeps
+                it in the content (REASONING_FORMATS).
+            add_generation_prompt, enable_thinking, chat_template, **template_kwargs: as in
+                apply_chat_template.
+
+        Returns:
+            The ChatPrompt: its tokens, rendered text, output format, grammar and parser.
+
+        Raises:
+            InvalidOptionError: malformed messages or tools, an unknown tool_choice or reasoning
+                format, tool_choice "required" without tools.
+            ChatTemplateError: the template failed for these messages.
+        """
+        native = self._require()
+        if reasoning_format not in REASONING_FORMATS:
+            raise InvalidOptionError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                                     f"got {reasoning_format!r}")
+        if not isinstance(parallel_tool_calls, bool):
+            raise InvalidOptionError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
+        tools_text, choice = tools_json(tools, tool_choice)
+        try:
+            kwargs = [(k, json.dumps(v)) for k, v in template_kwargs.items()]
+        except (TypeError, ValueError) as e:
+            raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
+        render = Renderer(native, add_generation_prompt, enable_thinking, kwargs, chat_template, tools_text,
+                          choice, parallel_tool_calls, reasoning_format)
+        tokens = chat_tokens(native, messages, render)
+        return ChatPrompt._from_native(tokens, render.params(messages_json(messages)), reasoning_format)
 
 def _id(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):

@@ -25,7 +25,8 @@ namespace {
 using SP = common_params_sampling;
 // Every sampling option (src/llamaspec/_options.py SAMPLING_OPTIONS, less stop, grammar_root and the
 // log-probability options, which the call itself takes, and json_schema, which the Python face turns
-// into grammar).
+// into grammar), then the fields a chat template's tools set (_options.py CHAT_SAMPLING_FIELDS, from
+// ChatPrompt, never from a caller).
 const OptionField<SP> kSamplingOptions[] = {
     LLAMASPEC_OPTION_FIELD(SP, "temperature", temp, float),
     LLAMASPEC_OPTION_FIELD(SP, "top_k", top_k, int32_t),
@@ -52,6 +53,28 @@ const OptionField<SP> kSamplingOptions[] = {
          const std::string g = nb::cast<std::string>(v);
          if (!g.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_USER, g);
      }},
+    {"tool_grammar",  // the template's tool-call grammar: advanced past the generation prompt when not lazy
+     [](SP & p, nb::handle v) {
+         const std::string g = nb::cast<std::string>(v);
+         if (!g.empty()) p.grammar = common_grammar(COMMON_GRAMMAR_TYPE_TOOL_CALLS, g);
+     }},
+    LLAMASPEC_OPTION_FIELD(SP, "grammar_lazy", grammar_lazy, bool),
+    {"grammar_triggers",  // [(common_grammar_trigger_type, value, token), ...]
+     [](SP & p, nb::handle v) {
+         for (nb::handle item : nb::iter(v)) {
+             nb::tuple t = nb::cast<nb::tuple>(item);
+             common_grammar_trigger trig;
+             trig.type = (common_grammar_trigger_type) nb::cast<int>(t[0]);
+             trig.value = nb::cast<std::string>(t[1]);
+             trig.token = nb::cast<llama_token>(t[2]);
+             p.grammar_triggers.push_back(std::move(trig));
+         }
+     }},
+    {"preserved_tokens",
+     [](SP & p, nb::handle v) {
+         for (nb::handle t : nb::iter(v)) p.preserved_tokens.insert(nb::cast<llama_token>(t));
+     }},
+    LLAMASPEC_OPTION_FIELD(SP, "generation_prompt", generation_prompt, std::string),
     {"logit_bias",  // [(token, bias), ...]
      [](SP & p, nb::handle v) {
          for (nb::handle item : nb::iter(v)) {
@@ -184,7 +207,8 @@ void TokenEmitter::push_deferred() {
 
 bool TokenEmitter::token(llama_token id, bool last, std::optional<TokenProbs> probs) {
     bool stopped = false;
-    std::string text = stop_.process(utf8_.feed(common_token_to_piece(vocab_, id, false), last), last, stopped);
+    const bool keep = !preserved_.empty() && preserved_.count(id);
+    std::string text = stop_.process(utf8_.feed(common_token_to_piece(vocab_, id, keep), last), last, stopped);
     push_deferred();
     Event ev{Event::Token, id, std::move(text), {}, std::nullopt};
     ev.probs = std::move(probs);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -114,8 +115,11 @@ struct GenRequest {
 // that keeps held text attached to a token (see docs/architecture.md, "Text and events").
 class TokenEmitter {
 public:
-    TokenEmitter(const llama_vocab * vocab, EventQueue & queue, std::vector<std::string> stops)
-        : vocab_(vocab), queue_(queue), stop_(std::move(stops)) {}
+    // preserved: tokens whose text is kept although they are control tokens (a chat template's tool-call
+    // markers, ChatPrompt; common's sampling field of that name).
+    TokenEmitter(const llama_vocab * vocab, EventQueue & queue, std::vector<std::string> stops,
+                 std::set<llama_token> preserved = {})
+        : vocab_(vocab), queue_(queue), stop_(std::move(stops)), preserved_(std::move(preserved)) {}
     // Emits a token (with its probabilities, when asked for); returns true when a stop string ended the text.
     bool token(llama_token id, bool last, std::optional<TokenProbs> probs = std::nullopt);
     // The model ended by itself: release whatever is held into the last token event.
@@ -129,6 +133,7 @@ private:
     EventQueue & queue_;
     Utf8Decoder utf8_;
     StopMatcher stop_;
+    std::set<llama_token> preserved_;
     std::optional<Event> deferred_;
 };
 

@@ -119,7 +119,7 @@ struct Engine::SeqState {
     int32_t i_batch = 0;      // its first row in the verify batch
 
     SeqState(std::shared_ptr<CallState> c, const llama_vocab * vocab, size_t n_draft, size_t n_stages)
-        : call(std::move(c)), emitter(vocab, call->queue, call->req.stop), delta(n_draft, n_stages),
+        : call(std::move(c)), emitter(vocab, call->queue, call->req.stop, call->req.sampling.preserved_tokens), delta(n_draft, n_stages),
           figures(n_draft, n_stages) {}
     CallState & c() { return *call; }
 };

@@ -181,9 +181,8 @@ std::string Model::meta(const std::string & key) const {
     return buf;
 }
 
-std::string Model::apply_chat_template(const std::string & messages_json, bool add_generation_prompt, int enable_thinking,
-                                       const std::vector<std::pair<std::string, std::string>> & kwargs,
-                                       const std::string & template_override) const {
+common_chat_params Model::chat_params(const common_chat_templates_inputs & inputs,
+                                      const std::string & template_override) const {
     LogCapture capture;
     try {
         std::shared_ptr<common_chat_templates> tmpls;
@@ -198,18 +197,7 @@ std::string Model::apply_chat_template(const std::string & messages_json, bool a
             tmpls = std::shared_ptr<common_chat_templates>(common_chat_templates_init(model_, template_override).release(),
                                                            common_chat_templates_deleter());
         }
-        common_chat_templates_inputs in;
-        in.messages = common_chat_msgs_parse_oaicompat(common_json::parse(messages_json));
-        in.add_generation_prompt = add_generation_prompt;
-        in.use_jinja = true;
-        for (const auto & kv : kwargs) {
-            in.chat_template_kwargs[kv.first] = kv.second;
-        }
-        if (enable_thinking >= 0) {
-            in.enable_thinking = enable_thinking == 1;
-            in.chat_template_kwargs["enable_thinking"] = enable_thinking == 1 ? "true" : "false";
-        }
-        return common_chat_templates_apply(tmpls.get(), in).prompt;
+        return common_chat_templates_apply(tmpls.get(), inputs);
     } catch (const Error &) {
         throw;
     } catch (const std::exception & e) {
@@ -361,16 +349,7 @@ void register_model(nb::module_ & m) {
         .def("is_control", [](const Model & self, llama_token id) {
                  self.check_token(id);
                  return llama_vocab_is_control(self.vocab(), id);
-             }, nb::arg("id"))
-        .def("apply_chat_template",
-             [](const Model & self, const std::string & messages_json, bool add_generation_prompt, int enable_thinking,
-                const std::vector<std::pair<std::string, std::string>> & kwargs, const std::string & template_override) {
-                 nb::gil_scoped_release nogil;
-                 return self.apply_chat_template(messages_json, add_generation_prompt, enable_thinking, kwargs,
-                                                 template_override);
-             },
-             nb::arg("messages_json"), nb::arg("add_generation_prompt"), nb::arg("enable_thinking"), nb::arg("kwargs"),
-             nb::arg("template_override"));
+             }, nb::arg("id"));
 }
 
 }  // namespace llamaspec

@@ -12,6 +12,8 @@
 #include "llama.h"
 
 struct common_chat_templates;
+struct common_chat_templates_inputs;
+struct common_chat_params;
 
 namespace llamaspec {
 
@@ -64,11 +66,11 @@ public:
     std::vector<llama_token> tokenize_segments(const std::vector<std::pair<std::string, bool>> & segments,
                                                bool add_special) const;
 
-    // Renders messages (a JSON array in OpenAI chat format) with the model's template through
-    // common's jinja engine. enable_thinking: -1 = template default, 0 = off, 1 = on.
-    std::string apply_chat_template(const std::string & messages_json, bool add_generation_prompt,
-                                    int enable_thinking, const std::vector<std::pair<std::string, std::string>> & kwargs,
-                                    const std::string & template_override) const;
+    // Applies the model's chat template (or template_override) through common's chat API: the prompt,
+    // and with tools the grammar, triggers and output parser that go with it (chat.cpp). Template
+    // failures raise Error(ChatTemplate), malformed tools or tool_choice Error(InvalidOption).
+    common_chat_params chat_params(const common_chat_templates_inputs & inputs,
+                                   const std::string & template_override) const;
 
 private:
     Model() = default;

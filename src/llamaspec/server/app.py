@@ -20,8 +20,19 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from .. import __version__
+from ..chat import ChatPrompt
 from ..errors import ChatTemplateError, InvalidOptionError, LlamaspecError
-from ..events import Done, Event, PromptProgress, Token
+from ..events import (
+    ChatMessage,
+    ContentDelta,
+    Done,
+    Event,
+    PromptProgress,
+    ReasoningDelta,
+    Token,
+    ToolCallArguments,
+    ToolCallStart,
+)
 from ..model import Model
 from .config import ServerConfig
 from .engine import Call, QueueFull, ServedModel, open_session
@@ -35,6 +46,7 @@ from .protocol import (
     Envelope,
     Sampling,
     TokenizeRequest,
+    chat_delta,
     finish_reason,
     progress,
     timings,
@@ -77,18 +89,21 @@ async def _body(request: Request, model: type[B]) -> B:
         raise ApiError(400, _validation_message(e)) from None
 
 
-async def _chat_ids(s: ServedModel, req: ChatRequest) -> list[int]:
-    """The chat prompt's ids through the safe path (ADR 0015)."""
+async def _chat_prompt(s: ServedModel, req: ChatRequest) -> ChatPrompt:
+    """The chat request's prompt through the safe path (ADR 0015), with its tools (ADR 0026)."""
     if req.continue_final_message:
         if req.add_generation_prompt:
             raise ApiError(400, "add_generation_prompt and continue_final_message cannot both be true")
         raise ApiError(501, "continue_final_message is not supported yet")
     kwargs = dict(req.chat_template_kwargs or {})
 
-    def render() -> list[int]:
-        return s.model.apply_chat_template(
+    def render() -> ChatPrompt:
+        return s.model.chat_prompt(
             req.messages,
-            tokenize=True,
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=bool(req.parallel_tool_calls),
+            reasoning_format=req.reasoning_format or s.cfg.reasoning_format,
             add_generation_prompt=req.add_generation_prompt,
             chat_template=s.chat_template,
             **kwargs,
@@ -139,21 +154,28 @@ async def _completion_prompts(s: ServedModel, prompt: Any) -> list[list[int]]:
 
 class _StreamLogprobs:
     """Log-probabilities of a stream: each token's entry waits for the chunk that carries its text (a
-    token whose text is held back joins the next one's chunk); entries of tokens whose text never
-    comes (a stop string's) are dropped, as in a whole response."""
+    token whose text is held back joins the next one's chunk; in a chat stream, the next chunk of the
+    parsed reply); entries of tokens whose text never comes (a stop string's) are dropped, as in a
+    whole response."""
 
     def __init__(self, piece: Callable[[int], bytes], post_sampling: bool) -> None:
         self._piece = piece
         self._post = post_sampling
         self._pending: list[dict[str, Any]] = []
 
-    def take(self, ev: Token) -> list[dict[str, Any]] | None:
-        """The entries to send with this token's chunk, or None while its text is held back."""
+    def add(self, ev: Token) -> None:
+        """Hold this token's entry for the next chunk."""
         self._pending.append(token_logprobs(ev, self._piece(ev.id), self._post))
-        if not ev.text:
-            return None
+
+    def flush(self) -> list[dict[str, Any]]:
+        """The entries held for the chunk being sent."""
         out, self._pending = self._pending, []
         return out
+
+    def take(self, ev: Token) -> list[dict[str, Any]] | None:
+        """The entries to send with this token's chunk, or None while its text is held back."""
+        self.add(ev)
+        return self.flush() if ev.text else None
 
 
 def _stream_logprobs(s: ServedModel, req: Sampling) -> _StreamLogprobs | None:
@@ -166,9 +188,10 @@ async def _openai_stream(
     env: Envelope, events: AsyncIterator[Event], spec: bool, req: Sampling, probs: _StreamLogprobs | None
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence for a chat or text completion: (chat: the role chunk), a chunk per
-    piece of text (with its tokens' log-probabilities when asked for), prompt progress when asked
-    for, the finish chunk with llama-server's timings, the usage chunk with
-    stream_options.include_usage, then [DONE]; an error after the start is an SSE error event."""
+    piece of text (chat: per delta of the parsed reply: content, reasoning_content, tool_calls; with
+    the log-probabilities of its tokens when asked for), prompt progress when asked for, the finish
+    chunk with llama-server's timings, the usage chunk with stream_options.include_usage, then
+    [DONE]; an error after the start is an SSE error event."""
     piece = env.piece_writer()
     try:
         if env.object == "chat.completion":
@@ -179,17 +202,27 @@ async def _openai_stream(
                 "logprobs": None,
             }
             yield sse(env(chunk=True, choices=[role]))
+        chat = env.object == "chat.completion"
         async for ev in events:
             if isinstance(ev, PromptProgress):
                 yield sse(env(chunk=True, choices=[], **progress(ev)))
+            elif isinstance(ev, Token) and chat:
+                if probs is not None:  # a chat stream's text is the parsed reply's deltas
+                    probs.add(ev)
             elif isinstance(ev, Token) and probs is not None:
                 entries = probs.take(ev)
                 if entries is not None:
                     yield sse(env(chunk=True, choices=[env.chunk_choice(ev.text, logprobs=entries)]))
             elif isinstance(ev, Token) and ev.text:
                 yield piece(ev.text)
+            elif isinstance(ev, ContentDelta) and probs is None:
+                yield piece(ev.text)
+            elif isinstance(ev, (ContentDelta, ReasoningDelta, ToolCallStart, ToolCallArguments)):
+                lp = None if probs is None else {"content": probs.flush()}
+                choice = {"index": 0, "delta": chat_delta(ev), "finish_reason": None, "logprobs": lp}
+                yield sse(env(chunk=True, choices=[choice]))
             elif isinstance(ev, Done):
-                finish = env.chunk_choice(None, finish_reason(ev.stats))
+                finish = env.chunk_choice(None, finish_reason(ev.stats, ev.message))
                 yield sse(env(chunk=True, choices=[finish], timings=timings(ev.stats, spec)))
                 if req.stream_options and req.stream_options.include_usage:
                     yield sse(
@@ -314,15 +347,16 @@ def create_app(
     async def chat_input_tokens(request: Request) -> dict[str, Any]:
         """How many tokens a chat request's prompt takes (without generating)."""
         s = ready()
-        return {"input_tokens": len(await _chat_ids(s, await _body(request, ChatRequest)))}
+        return {"input_tokens": len((await _chat_prompt(s, await _body(request, ChatRequest))).tokens)}
 
     @app.post("/chat/completions")
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         s = ready()
         req = await _body(request, ChatRequest)
-        ids = await _chat_ids(s, req)
-        calls = s.plan(ids, req, req.n)
+        chat = await _chat_prompt(s, req)
+        ids = list(chat.tokens)
+        calls = s.plan(ids, req, req.n, chat=chat)
         env, spec = Envelope("chat.completion", req.model or cfg.model_id), s.method != "none"
         if not req.stream:
             done = await collect_all(request, s, calls)
@@ -330,8 +364,8 @@ def create_app(
             choices = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": r.text},
-                    "finish_reason": finish_reason(r.stats),
+                    "message": (r.message or ChatMessage(r.text)).to_dict(),
+                    "finish_reason": finish_reason(r.stats, r.message),
                     "logprobs": _logprobs(s, req, r),
                 }
                 for i, r in enumerate(done)
@@ -521,19 +555,7 @@ def create_app(
         s = ready()
         req = await _body(request, ChatRequest)
 
-        def render() -> str:
-            return s.model.apply_chat_template(
-                req.messages,
-                tokenize=False,
-                add_generation_prompt=req.add_generation_prompt,
-                chat_template=s.chat_template,
-                **(req.chat_template_kwargs or {}),
-            )
-
-        try:
-            return {"prompt": await asyncio.to_thread(render)}
-        except (ChatTemplateError, InvalidOptionError) as e:
-            raise ApiError(400, str(e)) from None
+        return {"prompt": (await _chat_prompt(s, req)).text}
 
     @app.get("/props")
     async def props() -> dict[str, Any]:

@@ -21,6 +21,7 @@ from .._flags import (
     model_path,
     sampling_from_args,
 )
+from ..chat import REASONING_FORMATS
 from ..errors import InvalidOptionError
 from ..grammar import json_schema_to_grammar
 
@@ -55,6 +56,7 @@ class ServerConfig:
     n_draft_min: int = 0
     p_min: float = 0.0
     chat_template_file: str | None = None
+    reasoning_format: str = "auto"  # a chat request's default (its reasoning_format field overrides it)
     sampling: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
 
@@ -141,6 +143,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_n_predict_argument(eng, -1, "default max tokens of a request (-1: until the context is full)")
     eng.add_argument("--chat-template-file", help="a Jinja chat template to use instead of the model's")
     eng.add_argument(
+        "--reasoning-format",
+        choices=REASONING_FORMATS,
+        default="auto",
+        help="where a thinking model's reasoning goes in chat replies: auto/deepseek put it in "
+        "reasoning_content, none leaves it in the content (default auto; a request's reasoning_format "
+        "overrides it)",
+    )
+    eng.add_argument(
         "--jinja",
         action="store_true",
         help="accepted for llama-server scripts: templates always run on llama.cpp's jinja engine",
@@ -211,6 +221,7 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         n_draft_min=a.n_draft_min,
         p_min=a.p_min,
         chat_template_file=a.chat_template_file,
+        reasoning_format=a.reasoning_format,
         sampling=sampling,
         verbose=a.verbose,
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._flags import session_from_args
+from ..chat import ChatPrompt
 from ..errors import InvalidOptionError
 from ..events import Done, Event, GenerationStats, Token
 from ..generator import Generator
@@ -33,7 +34,8 @@ from .protocol import ApiError, Sampling
 class Call:
     """One generation call of a request: prompt ids, the exact token limit, sampling options, the
     call's draft cap and draft confidence threshold (None: the session's), whether to stream
-    prompt progress, and whether to reuse the sequence's cache (llama-server's cache_prompt)."""
+    prompt progress, whether to reuse the sequence's cache (llama-server's cache_prompt), and of a
+    chat request the ChatPrompt the ids come from."""
 
     ids: list[int]
     max_tokens: int
@@ -42,6 +44,7 @@ class Call:
     p_min: float | None = None
     progress: bool = False
     cache_prompt: bool = True
+    chat: ChatPrompt | None = None  # a chat request's prompt: its reply is parsed (tools, reasoning)
 
     def settings(self) -> dict[str, Any]:
         """The call's settings as JSON (llama-server's generation_settings); a banned token's bias
@@ -155,7 +158,7 @@ class ServedModel:
         """Requests decoding now."""
         return sum(s.is_processing for s in self.slots)
 
-    def plan(self, ids: list[int], req: Sampling, n: int = 1) -> list[Call]:
+    def plan(self, ids: list[int], req: Sampling, n: int = 1, chat: ChatPrompt | None = None) -> list[Call]:
         """The calls of a request for one prompt (n choices), or an ApiError: the prompt and its ids
         are checked, max_tokens is capped at the context, sampling is the server's defaults with the
         request's fields over them. With a seed, choice i samples with seed + i (the choices differ
@@ -200,6 +203,7 @@ class ServedModel:
             p_min=spec.p_min if spec is not None else None,
             progress=req.return_progress,
             cache_prompt=req.cache_prompt,
+            chat=chat,
         )
         seed = sampling.get("seed")
         if n == 1 or seed is None:
@@ -230,7 +234,7 @@ class ServedModel:
         slot.params = call.settings()
         try:
             agen = self.session.astream_events(
-                call.ids,
+                call.chat if call.chat is not None else call.ids,
                 call.max_tokens,
                 None,
                 prefill_timeout=None,

@@ -16,7 +16,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import __version__
-from ..events import GenerationStats, PromptProgress, Token
+from ..events import (
+    ChatDelta,
+    ChatMessage,
+    ContentDelta,
+    GenerationStats,
+    PromptProgress,
+    ReasoningDelta,
+    Token,
+    ToolCallStart,
+)
 
 
 class ApiError(Exception):
@@ -202,6 +211,10 @@ class ChatRequest(Sampling):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_format: str | None = None
 
     def output_schema(self) -> Any:
         """OpenAI's response_format, read as llama-server reads it: ``json_object`` (any object, or
@@ -398,9 +411,28 @@ def usage(calls: list[GenerationStats], one_prompt: bool = False) -> dict[str, A
     }
 
 
-def finish_reason(st: GenerationStats) -> Literal["stop", "length"]:
-    """OpenAI's finish_reason for a finished call."""
-    return "length" if st.finish_reason == "length" else "stop"
+def finish_reason(
+    st: GenerationStats, message: ChatMessage | None = None
+) -> Literal["stop", "length", "tool_calls"]:
+    """OpenAI's finish_reason for a finished call: "tool_calls" when a chat reply that ended by
+    itself holds tool calls (as llama-server)."""
+    if st.finish_reason == "length":
+        return "length"
+    return "tool_calls" if message is not None and message.tool_calls else "stop"
+
+
+def chat_delta(d: ChatDelta) -> dict[str, Any]:
+    """A parsed reply's delta as a chat chunk's ``delta``: content, reasoning_content, or tool_calls
+    (a call's first delta carries index, id, type and the function's name, later ones append to its
+    arguments)."""
+    if isinstance(d, ContentDelta):
+        return {"content": d.text}
+    if isinstance(d, ReasoningDelta):
+        return {"reasoning_content": d.text}
+    if isinstance(d, ToolCallStart):
+        function = {"name": d.name, "arguments": ""}
+        return {"tool_calls": [{"index": d.index, "id": d.id, "type": "function", "function": function}]}
+    return {"tool_calls": [{"index": d.index, "function": {"arguments": d.text}}]}
 
 
 def token_logprobs(t: Token, piece: bytes, post_sampling: bool) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..errors import ChatTemplateError, GrammarError, InvalidOptionError, LlamaspecError
-from ..events import Done, EndOfGeneration, Event, GenerationStats, Token
+from ..events import ChatMessage, Done, EndOfGeneration, Event, GenerationStats, Token
 from .engine import Call, ServedModel
 from .protocol import ApiError, token_logprobs
 
@@ -68,13 +68,15 @@ class EventStream(StreamingResponse):
 
 
 class Result:
-    """A finished call: its text, token ids, whether the model stopped by itself, and its stats."""
+    """A finished call: its text, token ids, whether the model stopped by itself, its stats and (a
+    chat call) its parsed reply."""
 
     def __init__(self) -> None:
         self.pieces: list[str] = []
         self.ids: list[int] = []
         self.tokens: list[Token] = []
         self.eog = False
+        self.message: ChatMessage | None = None  # a chat call's parsed reply
         self._stats: GenerationStats | None = None
 
     def add(self, ev: Event) -> None:
@@ -87,6 +89,7 @@ class Result:
             self.eog = True
         elif isinstance(ev, Done):
             self._stats = ev.stats
+            self.message = ev.message
 
     def logprobs(self, piece: Callable[[int], bytes], post_sampling: bool) -> list[dict[str, Any]]:
         """Each token's log-probabilities (protocol.token_logprobs) up to the last one whose text
