@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -53,10 +51,9 @@ WEATHER_TOOL: dict[str, Any] = {
 
 def pinned_templates() -> Path:
     """models/templates/ of the pinned llama.cpp tree (the build fetched and cached it)."""
-    root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, str(root / "cmake" / "fetch_llama_cpp.py")], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    return Path(out) / "models" / "templates"
+    from .oracles import pinned_tree
+
+    return pinned_tree() / "models" / "templates"
 
 
 @pytest.fixture(scope="session")

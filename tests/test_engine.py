@@ -150,14 +150,18 @@ def test_an_unknown_exception_on_the_engine_thread_is_a_typed_error(smol: llamas
 @pytest.mark.real_model
 def test_tokenizing_works_for_as_long_as_a_session_holds_the_model(smol_path: str) -> None:
     """Model.close() drops the Model's handle; a live session keeps the weights and must go on
-    taking text prompts (it raised ClosedError while token ids still worked)."""
+    taking text prompts and chats (it raised ClosedError while token ids still worked)."""
     model = llamaspec.Model(smol_path)
+    chat = [{"role": "user", "content": "Hi"}]
     with Generator(model, n_ctx=256) as gen:
         want = gen.generate("The capital of France is", 8, temperature=0)
+        want_chat = gen.generate(messages=chat, max_tokens=8, temperature=0)
         model.close()
         with pytest.raises(ClosedError):
             model.tokenize("x")
         assert gen.generate("The capital of France is", 8, temperature=0) == want
+        assert gen.generate(messages=chat, max_tokens=8, temperature=0) == want_chat
+        assert gen.chat(chat, 8, temperature=0).content == want_chat
 
 
 @pytest.mark.real_model

@@ -119,7 +119,10 @@ def test_a_tool_result_turn_renders(tools: Server) -> None:
     prompt = httpx.post(f"{tools.url}/apply-template", json=body, timeout=60).json()["prompt"]
     assert "sunny, 21 C" in prompt and "get_weather" in prompt
     r2 = client(tools).chat.completions.create(model="x", messages=history, max_tokens=8, tools=[WEATHER])
-    assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    n_history = httpx.post(f"{tools.url}/v1/chat/completions/input_tokens", timeout=60,
+                           json={"messages": history, "tools": [WEATHER]}).json()["input_tokens"]
+    assert r.usage is not None and r2.usage is not None
+    assert r2.usage.prompt_tokens == n_history > r.usage.prompt_tokens  # the whole history went in
 
 
 @pytest.mark.parametrize("body", [

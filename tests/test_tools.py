@@ -250,9 +250,13 @@ def test_misuse_is_a_typed_error(smol: llamaspec.Model, templates: Path) -> None
             gen.generate(prompt, 4, grammar='root ::= "a"')
         with pytest.raises(InvalidOptionError, match="brings its own grammar"):
             gen.generate(prompt, 4, json_schema={"type": "object"})
+        with pytest.raises(InvalidOptionError, match="brings its own grammar"):
+            gen.generate(prompt, 4, grammar_root="value")
         shown = smol.chat_prompt(ASK, tools=[WEATHER], tool_choice="none", chat_template=qwen)
         assert set(gen.generate(shown, 3, grammar='root ::= "a"+', temperature=0)) == {"a"}  # no tool grammar
     parser = prompt.parser()
     parser.finish()
     with pytest.raises(InvalidOptionError, match="finished"):
         parser.feed("more")
+    with pytest.raises(InvalidOptionError, match="finished"):
+        parser.finish()

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from . import _native
 from ._log import sync_log_level
 from ._options import call_options, logprobs_options, sampling_options
-from .chat import ChatPrompt
+from .chat import ChatPrompt, build_chat_prompt
 from .context import Context
 from .errors import ClosedError, GenerationTimeout, InvalidOptionError
 from .events import (
@@ -224,13 +224,13 @@ class _StreamingSession:
         if (prompt is None) == (messages is None):
             raise InvalidOptionError("give either a prompt or messages=, not both" if prompt is not None
                                      else "give a prompt or messages=")
-        chat = self._model.chat_prompt(messages) if messages is not None else prompt
+        chat = build_chat_prompt(self._native_model, messages) if messages is not None else prompt
         if isinstance(chat, ChatPrompt):
             tokens = list(chat.tokens)
             tool_sampling = chat.sampling()
-            if "tool_grammar" in tool_sampling and opts.get("grammar"):
-                raise InvalidOptionError("a chat prompt with tools brings its own grammar: give no grammar or "
-                                         "json_schema with it (or tool_choice='none')")
+            if "tool_grammar" in tool_sampling and (opts.get("grammar") or grammar_root != "root"):
+                raise InvalidOptionError("a chat prompt with tools brings its own grammar: give no grammar, "
+                                         "grammar_root or json_schema with it (or tool_choice='none')")
             opts.update(tool_sampling)
             stop = [*stop, *(s for s in chat.stops if s not in stop)]
         elif isinstance(prompt, str):
@@ -413,7 +413,8 @@ class _StreamingSession:
         Raises:
             As ``stream_events``.
         """
-        prompt = messages if isinstance(messages, ChatPrompt) else self._model.chat_prompt(messages)
+        prompt = messages if isinstance(messages, ChatPrompt) else build_chat_prompt(self._native_model,
+                                                                                      messages)
         events = self.stream_events(prompt, max_tokens, timeout, prefill_timeout=prefill_timeout, **sampling)
         try:
             for ev in events:

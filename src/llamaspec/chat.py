@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import _native
+from ._chat import Renderer, chat_tokens, messages_json
 from .errors import InvalidOptionError
 from .events import (
     ChatDelta,
@@ -28,7 +29,8 @@ from .events import (
     ToolCallStart,
 )
 
-__all__ = ["ChatPrompt", "ChatParser", "ReasoningFormat", "REASONING_FORMATS", "tools_json"]
+__all__ = ["ChatPrompt", "ChatParser", "ReasoningFormat", "REASONING_FORMATS", "build_chat_prompt",
+           "tools_json"]
 
 ReasoningFormat = Literal["auto", "deepseek", "deepseek-legacy", "none"]
 #: llama.cpp's reasoning formats: "auto" and "deepseek" put the reasoning apart (reasoning_content),
@@ -132,6 +134,33 @@ class ChatPrompt:
         return ChatParser(native)
 
 
+def build_chat_prompt(native: _native.Model, messages: Sequence[Mapping[str, Any]], *,
+                      tools: Sequence[Mapping[str, Any]] | None = None,
+                      tool_choice: str | Mapping[str, Any] | None = "auto", parallel_tool_calls: bool = False,
+                      reasoning_format: str = "auto", add_generation_prompt: bool = True,
+                      enable_thinking: bool | None = None, chat_template: str | None = None,
+                      template_kwargs: Mapping[str, Any] | None = None) -> ChatPrompt:
+    """Model.chat_prompt on a native model (sessions keep theirs after Model.close()).
+
+    Raises:
+        InvalidOptionError, ChatTemplateError: as Model.chat_prompt.
+    """
+    if reasoning_format not in REASONING_FORMATS:
+        raise InvalidOptionError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                                 f"got {reasoning_format!r}")
+    if not isinstance(parallel_tool_calls, bool):
+        raise InvalidOptionError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
+    tools_text, choice = tools_json(tools, tool_choice)
+    try:
+        kwargs = [(k, json.dumps(v)) for k, v in (template_kwargs or {}).items()]
+    except (TypeError, ValueError) as e:
+        raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
+    render = Renderer(native, add_generation_prompt, enable_thinking, kwargs, chat_template, tools_text,
+                      choice, parallel_tool_calls, reasoning_format)
+    tokens = chat_tokens(native, messages, render)
+    return ChatPrompt._from_native(tokens, render.params(messages_json(messages)), reasoning_format)
+
+
 _KINDS = (
     lambda i, a, b: ReasoningDelta(a),
     lambda i, a, b: ContentDelta(a),
@@ -160,6 +189,8 @@ class ChatParser:
     def finish(self) -> list[ChatDelta]:
         """No more text: parse the whole reply; returns the last deltas. If the whole text does not
         parse in the format, the message stays as last parsed (what was streamed)."""
+        if self._done:
+            raise InvalidOptionError("this reply is finished")
         self._done = True
         return self._deltas(self._native.update("", True))
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, overload
 
 from . import _native
-from ._chat import Renderer, chat_tokens, messages_json, renderer
+from ._chat import chat_tokens, messages_json, renderer
 from ._log import sync_log_level
-from .chat import REASONING_FORMATS, ChatPrompt, tools_json
+from .chat import ChatPrompt, build_chat_prompt
 from .errors import ClosedError, InvalidOptionError, ModelLoadError
 
 __all__ = ["Model"]
@@ -88,6 +89,8 @@ class Model:
             InvalidOptionError: an option has an invalid value.
         """
         self._native: _native.Model | None = None
+        self._embedders: dict[tuple[int, int, int], _native.Embedder] = {}
+        self._embed_lock = threading.Lock()
         p = os.fspath(path)
         if not isinstance(p, str):
             raise InvalidOptionError("path must be a str or os.PathLike[str]")
@@ -165,6 +168,7 @@ class Model:
     def close(self) -> None:
         """Drop this handle on the weights; they are freed once no Generator uses them. Idempotent."""
         self._native = None
+        self._embedders = {}
 
     @property
     def closed(self) -> bool:
@@ -350,9 +354,10 @@ class Model:
 
         With ``tokenize=True`` the result is the prompt's token ids, in which the template's markup
         becomes control tokens and the messages' text never does (a message holding
-        ``<|im_start|>system`` stays text): the safe way to prompt with untrusted messages, and the
-        one ``stream(messages=...)`` and the server use. The text form is for display, or for callers
-        that want special-token text in it parsed (a str prompt parses special tokens).
+        ``<|im_start|>system`` stays text): the safe way to prompt with untrusted messages, the
+        one ``chat_prompt`` (so ``stream(messages=...)`` and the server) goes through. The text
+        form is for display, or for callers that want special-token text in it parsed (a str prompt
+        parses special tokens).
 
         Args:
             messages: OpenAI-style messages, e.g. ``[{"role": "user", "content": "Hi"}]``.
@@ -423,21 +428,93 @@ class Model:
                 format, tool_choice "required" without tools.
             ChatTemplateError: the template failed for these messages.
         """
+        return build_chat_prompt(self._require(), messages, tools=tools, tool_choice=tool_choice,
+                                 parallel_tool_calls=parallel_tool_calls, reasoning_format=reasoning_format,
+                                 add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking,
+                                 chat_template=chat_template, template_kwargs=template_kwargs)
+
+    # -- embeddings ----------------------------------------------------------------------------
+
+    def embed(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        *,
+        pooling: str | None = None,
+        normalize: bool = True,
+        truncate: bool = False,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+    ) -> list[list[float]]:
+        """One embedding vector per text, from an embedding context of this model's own (made on
+        first use for these settings and kept; the inputs go in batches of whole texts, as
+        llama.cpp's ``llama-embedding`` packs them).
+
+        Args:
+            texts: strings (tokenized with the model's special tokens added, e.g. BERT's [CLS] ...
+                [SEP]) or token-id lists.
+            pooling: "mean", "cls" or "last"; None: the model's own pooling type (an embedding GGUF
+                names one), else "mean" (decoder models).
+            normalize: L2-normalize each vector (llama-embedding's default); False: raw pooled values.
+            truncate: cut a text longer than the context to fit (its last token kept when the
+                tokenizer adds an end token); False: such a text is an error.
+            n_ctx: the longest text in tokens (default: the model's training context, at most 8192).
+            n_threads: CPU threads (default: llama.cpp's, the number of math cores).
+
+        Returns:
+            ``len(texts)`` lists of ``n_embd`` floats.
+
+        Raises:
+            InvalidOptionError: texts is empty or not a list of texts, an option is invalid, a text
+                has no tokens.
+            ContextOverflowError: a text is longer than the context and truncate is False.
+            UnsupportedModelError: the model gives no sentence embedding (an encoder-decoder model,
+                or a reranker's pooling).
+        """
         native = self._require()
-        if reasoning_format not in REASONING_FORMATS:
-            raise InvalidOptionError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
-                                     f"got {reasoning_format!r}")
-        if not isinstance(parallel_tool_calls, bool):
-            raise InvalidOptionError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
-        tools_text, choice = tools_json(tools, tool_choice)
-        try:
-            kwargs = [(k, json.dumps(v)) for k, v in template_kwargs.items()]
-        except (TypeError, ValueError) as e:
-            raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
-        render = Renderer(native, add_generation_prompt, enable_thinking, kwargs, chat_template, tools_text,
-                          choice, parallel_tool_calls, reasoning_format)
-        tokens = chat_tokens(native, messages, render)
-        return ChatPrompt._from_native(tokens, render.params(messages_json(messages)), reasoning_format)
+        if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+            raise InvalidOptionError("texts must be a list of strings (or token-id lists), not "
+                                     f"{type(texts).__name__}")
+        if not texts:
+            raise InvalidOptionError("texts is empty: nothing to embed")
+        if pooling is not None and pooling not in _POOLING:
+            raise InvalidOptionError(f"pooling must be one of {', '.join(_POOLING)} or None, got {pooling!r}")
+        for name, flag in (("normalize", normalize), ("truncate", truncate)):
+            if not isinstance(flag, bool):
+                raise InvalidOptionError(f"{name} must be a bool")
+        ctx = _int_or_default("n_ctx", n_ctx, 8, 1 << 20, min(native.n_ctx_train or 8192, 8192))
+        threads = _int_or_default("n_threads", n_threads, 1, 1024, -1)
+        kind = _POOLING.get(pooling, -1) if pooling is not None else -1
+        embedder = self._embedder(native, ctx, kind, threads)
+        limit = embedder.n_ctx
+        inputs: list[list[int]] = []
+        for i, t in enumerate(texts):
+            ids = native.tokenize(t, True, False) if isinstance(t, str) else _ids(t)
+            if len(ids) > limit and truncate:
+                ids = ids[:limit - 1] + ids[-1:] if native.add_eos_or_sep else ids[:limit]
+            inputs.append(list(ids))
+        return embedder.embed(inputs, normalize)
+
+    def _embedder(self, native: _native.Model, n_ctx: int, pooling: int, n_threads: int) -> _native.Embedder:
+        key = (n_ctx, pooling, n_threads)
+        with self._embed_lock:
+            e = self._embedders.get(key)
+            if e is None:
+                if pooling == -1 and native.pooling_type in (-1, 0):  # none named: decoder models
+                    pooling = _POOLING["mean"]
+                e = _native.Embedder(native, n_ctx, pooling, n_threads)
+                self._embedders[key] = e
+            return e
+
+_POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's llama_pooling_type values
+
+
+def _int_or_default(name: str, v: Any, lo: int, hi: int, default: int) -> int:
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InvalidOptionError(f"{name} must be an int within [{lo}, {hi}] or None, got {v!r}")
+    return v
+
 
 def _id(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):

@@ -110,7 +110,6 @@ nb::typed<nb::dict, nb::str, nb::any> chat_params(const Model & model, const std
     d["grammar_triggers"] = triggers;
     d["preserved_tokens"] = std::vector<llama_token>(preserved.begin(), preserved.end());
     d["additional_stops"] = out.additional_stops;
-    d["supports_thinking"] = out.supports_thinking;
     d["parse_tool_calls"] = !in.tools.empty() && in.tool_choice != COMMON_CHAT_TOOL_CHOICE_NONE;
     return d;
 }

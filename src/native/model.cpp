@@ -345,6 +345,17 @@ void register_model(nb::module_ & m) {
         .def_prop_ro("eos", [](const Model & self) { return llama_vocab_eos(self.vocab()); })
         .def_prop_ro("eot", [](const Model & self) { return llama_vocab_eot(self.vocab()); })
         .def_prop_ro("add_bos", [](const Model & self) { return llama_vocab_get_add_bos(self.vocab()); })
+        .def_prop_ro("add_eos_or_sep",
+                     [](const Model & self) {
+                         return llama_vocab_get_add_eos(self.vocab()) || llama_vocab_get_add_sep(self.vocab());
+                     })
+        .def_prop_ro("pooling_type",
+                     [](const Model & self) {
+                         // the GGUF's <arch>.pooling_type (embedding models name one), -1 when absent
+                         const std::string v = self.meta(self.meta("general.architecture") + ".pooling_type");
+                         return v.empty() ? -1 : std::stoi(v);
+                     },
+                     "llama.cpp's pooling type the file names (1 mean, 2 cls, 3 last, 4 rank), -1 if none.")
         .def("is_eog", [](const Model & self, llama_token id) { return llama_vocab_is_eog(self.vocab(), id); }, nb::arg("id"))
         .def("is_control", [](const Model & self, llama_token id) {
                  self.check_token(id);

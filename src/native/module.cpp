@@ -22,6 +22,7 @@ void register_session(nanobind::module_ & m);
 void register_faults(nanobind::module_ & m);
 void register_structured(nanobind::module_ & m);
 void register_chat(nanobind::module_ & m);
+void register_embed(nanobind::module_ & m);
 }  // namespace llamaspec
 
 namespace nb = nanobind;
@@ -42,6 +43,7 @@ NB_MODULE(_native, m) {
     llamaspec::register_faults(m);
     llamaspec::register_structured(m);
     llamaspec::register_chat(m);
+    llamaspec::register_embed(m);
 
     m.def("system_info", [] { return std::string(llama_print_system_info()); },
           "llama.cpp's description of the compiled CPU features and backends.");

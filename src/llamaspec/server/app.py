@@ -21,7 +21,13 @@ from pydantic import BaseModel, ValidationError
 
 from .. import __version__
 from ..chat import ChatPrompt
-from ..errors import ChatTemplateError, InvalidOptionError, LlamaspecError
+from ..errors import (
+    ChatTemplateError,
+    ContextOverflowError,
+    InvalidOptionError,
+    LlamaspecError,
+    UnsupportedModelError,
+)
 from ..events import (
     ChatMessage,
     ContentDelta,
@@ -43,10 +49,12 @@ from .protocol import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     Envelope,
     Sampling,
     TokenizeRequest,
     chat_delta,
+    embedding_data,
     finish_reason,
     progress,
     timings,
@@ -549,6 +557,32 @@ def create_app(
             if not 0 <= i < s.model.n_vocab:
                 raise ApiError(400, f"token id {i} is out of range")
         return {"content": await asyncio.to_thread(s.model.detokenize, req.tokens)}
+
+    @app.post("/embeddings")
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        """OpenAI's embeddings (ADR 0027): one vector per input, from the model's embedding context."""
+        s = ready()
+        req = await _body(request, EmbeddingRequest)
+        inputs = req.inputs()
+
+        def run() -> tuple[list[list[float]], int]:
+            ids = [s.model.tokenize(x, add_special=True) if isinstance(x, str) else x for x in inputs]
+            vectors = s.model.embed(ids, pooling=cfg.pooling, n_threads=cfg.n_threads)
+            return vectors, sum(len(i) for i in ids)
+
+        try:
+            vectors, n_tokens = await asyncio.to_thread(run)
+        except (InvalidOptionError, ContextOverflowError) as e:
+            raise ApiError(400, str(e)) from None
+        except UnsupportedModelError as e:
+            raise ApiError(501, str(e), type="not_supported_error") from None
+        return {
+            "object": "list",
+            "data": [embedding_data(i, v, req.encoding_format) for i, v in enumerate(vectors)],
+            "model": req.model or cfg.model_id,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict[str, Any]:

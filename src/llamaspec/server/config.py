@@ -57,6 +57,7 @@ class ServerConfig:
     p_min: float = 0.0
     chat_template_file: str | None = None
     reasoning_format: str = "auto"  # a chat request's default (its reasoning_format field overrides it)
+    pooling: str | None = None  # /v1/embeddings: None is the model's own pooling, else mean
     sampling: dict[str, Any] = field(default_factory=dict)
     verbose: bool = False
 
@@ -151,6 +152,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "overrides it)",
     )
     eng.add_argument(
+        "--pooling",
+        choices=("mean", "cls", "last"),
+        help="how /v1/embeddings pools a text's tokens (default: the model's own pooling type, else mean)",
+    )
+    eng.add_argument(
+        "--embeddings",
+        "--embedding",
+        action="store_true",
+        help="accepted for llama-server scripts: /v1/embeddings is always served (its context is made "
+        "on first use)",
+    )
+    eng.add_argument(
         "--jinja",
         action="store_true",
         help="accepted for llama-server scripts: templates always run on llama.cpp's jinja engine",
@@ -222,6 +235,7 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         p_min=a.p_min,
         chat_template_file=a.chat_template_file,
         reasoning_format=a.reasoning_format,
+        pooling=a.pooling,
         sampling=sampling,
         verbose=a.verbose,
     )

@@ -5,8 +5,10 @@ shares (usage, timings, errors). Field names and shapes follow OpenAI's API and 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import time
 import uuid
 from collections.abc import Callable
@@ -354,6 +356,38 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     tokens: list[int]
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's embeddings request (llama-server's ``content`` accepted for ``input``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    content: str | list[str] | list[int] | list[list[int]] | None = None
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+    def inputs(self) -> list[str | list[int]]:
+        """The texts or token-id lists to embed, one vector each (a flat id list is one input)."""
+        v = self.input if self.input is not None else self.content
+        if v is None:
+            raise ApiError(400, "input is required")
+        if isinstance(v, str):
+            return [v]
+        if not v:
+            raise ApiError(400, "input is empty")
+        if all(isinstance(x, int) for x in v):
+            return [[int(x) for x in v if isinstance(x, int)]]
+        return [x if isinstance(x, str) else list(x) for x in v if not isinstance(x, int)]
+
+
+def embedding_data(i: int, vector: list[float], encoding: str) -> dict[str, Any]:
+    """One item of an embeddings response: the vector as floats, or with ``encoding_format: base64``
+    its little-endian float32 bytes in base64 (what the openai client decodes)."""
+    value: Any = vector
+    if encoding == "base64":
+        value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return {"object": "embedding", "index": i, "embedding": value}
 
 
 def _timings(cached: int, decoded: int, prompt_s: float, n: int, predicted_s: float) -> dict[str, Any]:
