@@ -58,10 +58,12 @@ def ours(model: llamaspec.Model, texts: list[str], threads: int, n_ctx: int, poo
 
 def upstream_run(exe: Path, path: str, prompt_file: Path, threads: int, n_ctx: int,
                  pooling: str) -> tuple[float, float]:
-    """(wall seconds of one llama-embedding run, its own "prompt eval time" in seconds)."""
+    """(wall seconds of one llama-embedding run, its own "prompt eval time" in seconds). Its batch is
+    its context (as ours); its ubatch the batch for a non-causal model, llama.cpp's default (512)
+    for a decoder (as ours)."""
     t0 = time.perf_counter()
     r = subprocess.run([str(exe), "-m", path, "-f", str(prompt_file), "-t", str(threads), "-c", str(n_ctx),
-                        "-b", str(n_ctx), "-ub", str(n_ctx), "--pooling", pooling, "--perf", "--verbose",
+                        "-b", str(n_ctx), "--pooling", pooling, "--perf", "--verbose",
                         "--embd-output-format", "array"],
                        check=True, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0

@@ -13,7 +13,7 @@ from . import _native
 from ._chat import chat_tokens, messages_json, renderer
 from ._log import sync_log_level
 from .chat import ChatPrompt, build_chat_prompt
-from .errors import ClosedError, InvalidOptionError, ModelLoadError
+from .errors import ClosedError, InvalidOptionError, ModelLoadError, UnsupportedModelError
 
 __all__ = ["Model"]
 
@@ -168,7 +168,8 @@ class Model:
     def close(self) -> None:
         """Drop this handle on the weights; they are freed once no Generator uses them. Idempotent."""
         self._native = None
-        self._embedders = {}
+        with self._embed_lock:
+            self._embedders = {}
 
     @property
     def closed(self) -> bool:
@@ -457,7 +458,9 @@ class Model:
             normalize: L2-normalize each vector (llama-embedding's default); False: raw pooled values.
             truncate: cut a text longer than the context to fit (its last token kept when the
                 tokenizer adds an end token); False: such a text is an error.
-            n_ctx: the longest text in tokens (default: the model's training context, at most 8192).
+            n_ctx: the longest text in tokens, and a batch's size (default: the model's training
+                context, at most 8192 for an embedding model and 2048 for a decoder, whose context
+                holds a KV cache).
             n_threads: CPU threads (default: llama.cpp's, the number of math cores).
 
         Returns:
@@ -481,17 +484,30 @@ class Model:
         for name, flag in (("normalize", normalize), ("truncate", truncate)):
             if not isinstance(flag, bool):
                 raise InvalidOptionError(f"{name} must be a bool")
-        ctx = _int_or_default("n_ctx", n_ctx, 8, 1 << 20, min(native.n_ctx_train or 8192, 8192))
+        # a decoder's context holds a KV cache: a smaller default than an embedding model's
+        cap = 2048 if native.causal_attention else 8192
+        ctx = _int_or_default("n_ctx", n_ctx, 8, 1 << 20, min(native.n_ctx_train or cap, cap))
         threads = _int_or_default("n_threads", n_threads, 1, 1024, -1)
-        kind = _POOLING.get(pooling, -1) if pooling is not None else -1
+        if pooling is None and native.pooling_type == 4:
+            raise UnsupportedModelError("this model is a reranker (rank pooling): it gives scores, not "
+                                        "sentence embeddings; choose pooling='mean', 'cls' or 'last'")
+        kind = _POOLING[pooling] if pooling is not None else -1
+        inputs: list[list[int]] = []
+        for t in texts:
+            if isinstance(t, str):
+                ids = native.tokenize(t, True, False)
+            elif isinstance(t, (list, tuple)):
+                ids = _ids(t)
+            else:
+                raise InvalidOptionError(f"each text must be a str or a list of token ids, not "
+                                         f"{type(t).__name__}")
+            inputs.append(list(ids))
         embedder = self._embedder(native, ctx, kind, threads)
         limit = embedder.n_ctx
-        inputs: list[list[int]] = []
-        for i, t in enumerate(texts):
-            ids = native.tokenize(t, True, False) if isinstance(t, str) else _ids(t)
-            if len(ids) > limit and truncate:
-                ids = ids[:limit - 1] + ids[-1:] if native.add_eos_or_sep else ids[:limit]
-            inputs.append(list(ids))
+        if truncate:  # the first tokens, and the end token when the tokenizer adds one
+            keep_end = native.add_eos_or_sep
+            inputs = [(ids[:limit - 1] + ids[-1:] if keep_end else ids[:limit]) if len(ids) > limit else ids
+                      for ids in inputs]
         return embedder.embed(inputs, normalize)
 
     def _embedder(self, native: _native.Model, n_ctx: int, pooling: int, n_threads: int) -> _native.Embedder:

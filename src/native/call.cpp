@@ -96,7 +96,7 @@ std::vector<std::string> sampling_option_names() { return option_names(kSampling
 
 common_sampler_ptr make_sampler(const Model & model, common_params_sampling params, const std::string & grammar_root) {
     for (const auto & lb : params.logit_bias) model.check_token(lb.token);
-    for (llama_token t : params.preserved_tokens) model.check_token(t);  // a ChatPrompt of another model
+    for (llama_token t : params.preserved_tokens) model.check_token(t);  // ids from a ChatPrompt: in this vocab
     for (const auto & t : params.grammar_triggers) {
         if (t.type == COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN) model.check_token(t.token);
     }

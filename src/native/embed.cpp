@@ -25,6 +25,11 @@ namespace llamaspec {
 // Owns one Context (context.h: a llama_context and its CPU thread pools) with embeddings on. Not shared
 // between threads at once: embed() holds a mutex for the call (taken without the GIL). Keeps the Model
 // alive (shared_ptr), as every native context does.
+namespace {
+// Whether the model attends causally: embedding GGUFs say `<arch>.attention.causal = false`.
+bool causal(const Model & m) { return m.meta(m.meta("general.architecture") + ".attention.causal") != "false"; }
+}  // namespace
+
 class Embedder {
 public:
     // pooling: a llama_pooling_type, or -1 for the model's own (LLAMA_POOLING_TYPE_UNSPECIFIED).
@@ -36,7 +41,10 @@ public:
         p.embeddings = true;
         p.pooling_type = (enum llama_pooling_type) pooling;
         p.n_ctx = (uint32_t) n_ctx;
-        p.n_batch = p.n_ubatch = (uint32_t) n_ctx;  // a whole input in one ubatch (non-causal models need it)
+        // As llama-embedding: a non-causal model (BERT) needs a whole input in one ubatch; a decoder keeps
+        // llama.cpp's ubatch (its logits buffer and graph are sized by the ubatch, times the vocabulary).
+        p.n_batch = (uint32_t) n_ctx;
+        p.n_ubatch = causal(*model_) ? std::min<uint32_t>(p.n_ubatch, p.n_batch) : p.n_batch;
         // llama.cpp reserves an output per sequence within n_batch outputs (it asserts otherwise)
         p.n_seq_max = (uint32_t) std::min<size_t>(llama_max_parallel_sequences(), (size_t) n_ctx);
         p.kv_unified = true;
@@ -59,7 +67,8 @@ public:
     }
 
     // One vector of n_embd floats per input, in order (L2-normalized when asked). An input longer than
-    // the context, or empty, is an InvalidOption error (the Python face truncates when asked). The GIL
+    // the context is a ContextOverflow error (the Python face truncates when asked), an empty one an
+    // InvalidOption error. The GIL
     // is released but between batches, where a pending signal (Ctrl-C) ends the call.
     std::vector<std::vector<float>> embed(const std::vector<std::vector<llama_token>> & inputs, bool normalize) {
         for (size_t k = 0; k < inputs.size(); ++k) {

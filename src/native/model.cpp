@@ -349,6 +349,11 @@ void register_model(nb::module_ & m) {
                      [](const Model & self) {
                          return llama_vocab_get_add_eos(self.vocab()) || llama_vocab_get_add_sep(self.vocab());
                      })
+        .def_prop_ro("causal_attention",
+                     [](const Model & self) {
+                         return self.meta(self.meta("general.architecture") + ".attention.causal") != "false";
+                     },
+                     "False for models that attend both ways (BERT-like embedding models).")
         .def_prop_ro("pooling_type",
                      [](const Model & self) {
                          // the GGUF's <arch>.pooling_type (embedding models name one), -1 when absent
