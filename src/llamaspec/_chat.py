@@ -34,21 +34,30 @@ Render = Callable[[str], str]  # messages as JSON -> the rendered prompt
 
 
 class Renderer:
-    """The model's template (or ``chat_template``) as a Render, with tools and the other chat options
-    (template_kwargs hold JSON values); ``params(messages_json)`` is everything common's chat API
-    returned for that input (chat.cpp, chat_params), rendered once."""
+    """The model's template (or ``chat_template``) as a Render, with tools and the other chat options;
+    ``params(messages_json)`` is everything common's chat API returned for that input (chat.cpp,
+    chat_params), rendered once.
+
+    Raises:
+        InvalidOptionError: a template kwarg is not JSON-serializable.
+    """
 
     def __init__(self, native: _native.Model, add_generation_prompt: bool = True,
-                 enable_thinking: bool | None = None, template_kwargs: Sequence[tuple[str, str]] = (),
+                 enable_thinking: bool | None = None, template_kwargs: Mapping[str, Any] | None = None,
                  chat_template: str | None = None, tools_json: str = "[]", tool_choice: str = "auto",
                  parallel_tool_calls: bool = False, reasoning_format: str = "auto") -> None:
+        try:
+            kwargs = [(k, json.dumps(v)) for k, v in (template_kwargs or {}).items()]
+        except (TypeError, ValueError) as e:
+            raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
         self._native = native
         self._args = (add_generation_prompt, -1 if enable_thinking is None else int(bool(enable_thinking)),
-                      list(template_kwargs), chat_template or "", tools_json, tool_choice,
-                      int(parallel_tool_calls), reasoning_format)
+                      kwargs, chat_template or "", tools_json, tool_choice, int(parallel_tool_calls),
+                      reasoning_format)
         self._params: dict[str, dict[str, Any]] = {}
 
     def params(self, messages: str) -> dict[str, Any]:
+        """The native chat_params of these messages (JSON), rendered on first use."""
         if messages not in self._params:
             self._params[messages] = _native.chat_params(self._native, messages, *self._args)
         return self._params[messages]
@@ -56,12 +65,6 @@ class Renderer:
     def __call__(self, messages: str) -> str:
         prompt: str = self.params(messages)["prompt"]
         return prompt
-
-
-def renderer(native: _native.Model, add_generation_prompt: bool = True, enable_thinking: bool | None = None,
-             template_kwargs: Sequence[tuple[str, str]] = (), chat_template: str | None = None) -> Renderer:
-    """The model's template (or ``chat_template``) without tools as a Render."""
-    return Renderer(native, add_generation_prompt, enable_thinking, template_kwargs, chat_template)
 
 
 def messages_json(messages: Sequence[Mapping[str, Any]]) -> str:

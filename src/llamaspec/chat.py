@@ -151,12 +151,8 @@ def build_chat_prompt(native: _native.Model, messages: Sequence[Mapping[str, Any
     if not isinstance(parallel_tool_calls, bool):
         raise InvalidOptionError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
     tools_text, choice = tools_json(tools, tool_choice)
-    try:
-        kwargs = [(k, json.dumps(v)) for k, v in (template_kwargs or {}).items()]
-    except (TypeError, ValueError) as e:
-        raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
-    render = Renderer(native, add_generation_prompt, enable_thinking, kwargs, chat_template, tools_text,
-                      choice, parallel_tool_calls, reasoning_format)
+    render = Renderer(native, add_generation_prompt, enable_thinking, template_kwargs, chat_template,
+                      tools_text, choice, parallel_tool_calls, reasoning_format)
     tokens = chat_tokens(native, messages, render)
     return ChatPrompt._from_native(tokens, render.params(messages_json(messages)), reasoning_format)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -10,7 +9,7 @@ from types import TracebackType
 from typing import Any, Literal, overload
 
 from . import _native
-from ._chat import chat_tokens, messages_json, renderer
+from ._chat import Renderer, chat_tokens, messages_json
 from ._log import sync_log_level
 from .chat import ChatPrompt, build_chat_prompt
 from .errors import ClosedError, InvalidOptionError, ModelLoadError, UnsupportedModelError
@@ -376,11 +375,7 @@ class Model:
             InvalidOptionError: messages or kwargs are not JSON-serializable.
         """
         native = self._require()
-        try:
-            kwargs = [(k, json.dumps(v)) for k, v in template_kwargs.items()]
-        except (TypeError, ValueError) as e:
-            raise InvalidOptionError(f"template kwargs must be JSON-serializable: {e}") from e
-        render = renderer(native, add_generation_prompt, enable_thinking, kwargs, chat_template)
+        render = Renderer(native, add_generation_prompt, enable_thinking, template_kwargs, chat_template)
         if tokenize:
             return chat_tokens(native, messages, render)
         return render(messages_json(messages))

@@ -226,8 +226,8 @@ async def _openai_stream(
             elif isinstance(ev, ContentDelta) and probs is None:
                 yield piece(ev.text)
             elif isinstance(ev, (ContentDelta, ReasoningDelta, ToolCallStart, ToolCallArguments)):
-                lp = None if probs is None else {"content": probs.flush()}
-                choice = {"index": 0, "delta": chat_delta(ev), "finish_reason": None, "logprobs": lp}
+                lp = None if probs is None else probs.flush()
+                choice = env.chunk_choice(None, logprobs=lp, delta=chat_delta(ev))
                 yield sse(env(chunk=True, choices=[choice]))
             elif isinstance(ev, Done):
                 finish = env.chunk_choice(None, finish_reason(ev.stats, ev.message))
@@ -588,7 +588,6 @@ def create_app(
     async def apply_template(request: Request) -> dict[str, Any]:
         s = ready()
         req = await _body(request, ChatRequest)
-
         return {"prompt": (await _chat_prompt(s, req)).text}
 
     @app.get("/props")

@@ -326,12 +326,15 @@ class Envelope:
         }
 
     def chunk_choice(self, text: str | None, finish: str | None = None,
-                     logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                     logprobs: list[dict[str, Any]] | None = None,
+                     delta: dict[str, Any] | None = None) -> dict[str, Any]:
         """The one choice of a stream chunk: a piece of text (with its tokens' log-probabilities when
-        asked for), or (None) the finish chunk's."""
+        asked for), or (None) the finish chunk's; a chat chunk's ``delta`` may be given whole
+        (protocol.chat_delta) instead of text."""
         lp = None if logprobs is None else {"content": logprobs}
         if self.object == "chat.completion":
-            delta = {} if text is None else {"content": text}
+            if delta is None:
+                delta = {} if text is None else {"content": text}
             return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
         return {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
 
