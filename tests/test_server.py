@@ -572,6 +572,34 @@ def test_client_disconnect_frees_the_sequence(plain: Server) -> None:
     assert "llamacpp:requests_processing 0.0" in stats
 
 
+def test_stream_starts_with_its_call(plain: Server) -> None:
+    """A stream's response starts once its call has started, before its prompt is decoded (ADR 0028):
+    bad options are still an HTTP status, progress chunks come only when asked for, and a client
+    that leaves between the response's start and its first token frees the sequence."""
+    long_prompt = "word " * 900
+    with httpx.Client(timeout=60) as h:
+        body = {"prompt": PROMPT, "stream": True, "grammar": "root ::= nope"}
+        bad = h.post(f"{plain.url}/completion", json=body)
+        assert bad.status_code == 400 and "error" in bad.json()
+
+        def chunks(**extra: Any) -> list[dict[str, Any]]:
+            body = {"prompt": long_prompt, "n_predict": 3, "temperature": 0, "stream": True, **extra}
+            r = h.post(f"{plain.url}/completion", json=body)
+            assert r.status_code == 200
+            return [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: ")]
+
+        quiet, loud = chunks(), chunks(return_progress=True, cache_prompt=False)
+        assert not any("prompt_progress" in c for c in quiet)
+        assert "".join(c["content"] for c in quiet) == "".join(c["content"] for c in loud)
+        progress = [c["prompt_progress"] for c in loud if "prompt_progress" in c]
+        assert progress and progress[0]["processed"] < progress[-1]["processed"] == progress[-1]["total"]
+        # leave as soon as the headers are there: the prompt (900 words, not cached) is still decoding
+        body = {"prompt": long_prompt, "n_predict": 4, "stream": True, "cache_prompt": False}
+        with h.stream("POST", f"{plain.url}/completion", json=body) as r:
+            assert r.status_code == 200
+    assert wait_idle(plain)
+
+
 # -- errors -----------------------------------------------------------------------------------------
 
 

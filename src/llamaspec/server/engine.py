@@ -165,9 +165,10 @@ class ServedModel:
         and the request stays reproducible)."""
         if not ids:
             raise ApiError(400, "the prompt is empty")
-        for i in ids:
-            if not 0 <= i < self.model.n_vocab:
-                raise ApiError(400, f"token id {i} is out of range")
+        n_vocab = self.model.n_vocab
+        if min(ids) < 0 or max(ids) >= n_vocab:
+            bad = next(i for i in ids if not 0 <= i < n_vocab)
+            raise ApiError(400, f"token id {bad} is out of range")
         room = self.n_ctx_seq - len(ids)
         if room <= 0:
             raise ApiError(
@@ -213,9 +214,12 @@ class ServedModel:
             for i in range(n)
         ]
 
-    async def generate(self, call: Call) -> AsyncIterator[Event]:
+    async def generate(self, call: Call, *, announce: bool = False) -> AsyncIterator[Event]:
         """Queue, then run one call; yields its events (PromptProgress* when asked for, Token*,
-        EndOfGeneration?, Done).
+        EndOfGeneration?, Done). With ``announce`` the PromptProgress events come whether the call
+        asked for them or not, the first one as soon as the call has started (its options checked,
+        its sampler built, its cache reused), before its prompt is decoded; the caller drops those
+        the call did not ask for.
 
         Raises:
             QueueFull: every sequence is busy and ``cfg.queue`` requests already wait.
@@ -238,7 +242,7 @@ class ServedModel:
                 call.max_tokens,
                 None,
                 prefill_timeout=None,
-                prompt_progress=call.progress,
+                prompt_progress=call.progress or announce,
                 draft_max=call.draft_max,
                 p_min=call.p_min,
                 cache_prompt=call.cache_prompt,

@@ -3,8 +3,10 @@ as the client goes away (ADR 0016, "Cancellation").
 
 - ``unless_disconnected(request, aw)`` races an awaitable against the client's disconnect.
 - ``collect_all`` runs calls to their ends (one request, several prompts or choices).
-- ``start_stream`` awaits a stream's first event before the response starts, so that a full queue, a
-  bad grammar or option is an HTTP status rather than an SSE error.
+- ``start_stream`` awaits a stream's start (the call's first prompt-progress event, which comes
+  before its prompt is decoded) before the response starts, so that a full queue, a bad grammar or
+  option is an HTTP status rather than an SSE error, and the response's headers are on their way
+  while the prompt decodes.
 - ``EventStream`` is the streamed response: it notices a disconnect at any time and always closes
   its body iterator, which cancels the call.
 """
@@ -22,7 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..errors import ChatTemplateError, GrammarError, InvalidOptionError, LlamaspecError
-from ..events import ChatMessage, Done, EndOfGeneration, Event, GenerationStats, Token
+from ..events import ChatMessage, Done, EndOfGeneration, Event, GenerationStats, PromptProgress, Token
 from .engine import Call, ServedModel
 from .protocol import ApiError, token_logprobs
 
@@ -149,22 +151,27 @@ async def collect_all(request: Request, s: ServedModel, calls: list[Call]) -> li
 
 
 async def start_stream(request: Request, s: ServedModel, call: Call) -> AsyncIterator[Event]:
-    """The call's events, its first one already there (queue wait, prompt, checks passed)."""
-    agen = s.generate(call)
+    """The call's events once it has started (queue wait and checks passed): its first event, a
+    PromptProgress that the engine sends before decoding the prompt, is already there. Progress
+    events reach the caller only when the call asked for them."""
+    agen = s.generate(call, announce=True)
     try:
         first: Event = await unless_disconnected(request, agen.__anext__())
     except BaseException:
         await agen.aclose()  # type: ignore[attr-defined]
         raise
-    return _chain(first, agen)
+    return _chain(first, agen, call.progress)
 
 
-async def _chain(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    """first, then what rest yields; closing this closes rest (the call is cancelled)."""
+async def _chain(first: Event, rest: AsyncIterator[Event], progress: bool) -> AsyncIterator[Event]:
+    """first, then what rest yields, PromptProgress events only with ``progress``; closing this
+    closes rest (the call is cancelled)."""
     try:
-        yield first
+        if progress or not isinstance(first, PromptProgress):
+            yield first
         if not isinstance(first, Done):
             async for ev in rest:
-                yield ev
+                if progress or not isinstance(ev, PromptProgress):
+                    yield ev
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
