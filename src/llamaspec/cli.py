@@ -102,6 +102,9 @@ def _serve(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             app,
             host=cfg.host,
             port=cfg.port,
+            # h11 even where httptools is installed: uvicorn's httptools protocol lowercases the
+            # response's header names, and some clients read CORS headers case-sensitively (ADR 0028)
+            http="h11",
             timeout_graceful_shutdown=3,
             log_level="info" if cfg.verbose else "warning",
             access_log=cfg.verbose,
