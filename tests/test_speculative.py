@@ -427,3 +427,24 @@ def test_smollm2_methods_are_lossless(smol: llamaspec.Model, smol_path: str, met
     check_stats(st, 1)
     if method == "draft":  # the same weights: only near-ties can be rejected
         assert st.acceptance_rate > 0.9
+
+
+@pytest.mark.real_model
+def test_first_token_comes_from_the_prompt_decode(smol: llamaspec.Model, smol_path: str,
+                                                 fx: llamaspec.Model) -> None:
+    """On an attention-only target the first token is sampled from the prompt's last row, with no
+    pass of its own (as plain decoding); a recurrent target holds its last prompt token back for the
+    first pass, which keeps the checkpoint before it (ADR 0014, 0018). Either way greedy equals plain."""
+    prompt = "The capital of France is"
+    with llamaspec.Generator(smol, n_ctx=512, n_threads=2) as plain:
+        want = {n: greedy(plain, prompt, n) for n in (1, 2, 7)}
+    for method, extra in (("draft", {"draft_model": smol_path}), ("ngram-simple", {})):
+        with Speculative(smol, method=method, n_draft=3, n_ctx=512, n_threads=2, **extra) as spec:
+            for n, ids in want.items():
+                assert greedy(spec, prompt, n) == ids, (method, n)
+                assert spec.last_stats is not None
+                if n == 1:
+                    assert spec.last_stats.iterations == 0, method
+    with MTP(fx, n_draft=3, n_ctx=256, n_threads=1) as mtp:
+        mtp.generate([5, 6, 7], max_tokens=1)
+        assert mtp.last_stats is not None and mtp.last_stats.iterations == 1

@@ -455,11 +455,11 @@ void Engine::prefill_chunk(SeqState & s) {
     common_speculative * spec = core_->spec.get();
     const llama_seq_id seq = c.seq;
     const std::vector<llama_token> & prompt = c.req.prompt;
-    // Speculative: every prompt token but the last, each chunk fed to the drafter; the last is the
-    // first verify's [id_last]. Plain: the whole prompt, the first token sampled from its last row
-    // (one decode fewer), except on recurrent models, where the last token also waits for the first
-    // pass so that the prompt cache's checkpoint before it serves the same prompt again.
-    const bool hold_last = spec || cache_.recurrent();
+    // The whole prompt, each chunk fed to the drafter, and the first token sampled from its last row
+    // (no decode of its own), except on recurrent models: there the last prompt token is held back
+    // for the first pass (the first verify's [id_last], or a plain step), so that the prompt cache's
+    // checkpoint before it serves the same prompt again (ADR 0018).
+    const bool hold_last = cache_.recurrent();
     const int32_t n_prefix = (int32_t) prompt.size() - (hold_last ? 1 : 0);
     const Clock::time_point t0 = Clock::now();
     auto progress = [&](int32_t processed) {
@@ -531,7 +531,9 @@ void Engine::prefill_chunk(SeqState & s) {
         if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);
         return;
     }
-    // plain: the first token, sampled from the prompt's last row
+    // the first token, sampled from the prompt's last row; a drafter starts from the whole prompt
+    // and drafts from the next pass on, after that token
+    if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);
     const Clock::time_point ts = Clock::now();
     std::vector<TokenProbs> probs;
     const std::vector<llama_token> ids = sample_and_accept(c, ctx_tgt, {i_last}, {}, probs);
@@ -569,9 +571,9 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     for (SeqState * s : ready) {
         CallState & c = s->c();
         const int32_t remaining = c.req.max_tokens - c.stats.tokens;
-        // the first pass after the prompt (its held-back last token) drafts nothing: the first token
-        // comes out after the prompt alone, as in plain decoding, and the drafter's catch-up on the
-        // prompt waits for the second pass
+        // the first pass after the prompt of a recurrent model (its held-back last token) drafts
+        // nothing: the first token comes out after the prompt alone, as in plain decoding, and the
+        // drafter's catch-up on the prompt waits for the second pass
         const bool first = !s->generating;
         int32_t wanted = first ? 0 : policy ? policy_lengths_[i_policy++] : n_draft;
         if (c.req.draft_max >= 0) wanted = std::min(wanted, c.req.draft_max);  // the call's own cap
