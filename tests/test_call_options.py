@@ -33,7 +33,8 @@ def test_draft_max_changes_speed_not_output(smol: llamaspec.Model) -> None:
             limit = 4 if cap is None else min(cap, 4)
             assert st.drafts_generated <= limit * st.iterations, (cap, st)
             if limit == 0:
-                assert st.drafts_generated == 0 and st.iterations >= st.tokens  # one verify per token
+                # one verify per token after the first, which the prompt's decode samples (ADR 0014)
+                assert st.drafts_generated == 0 and st.iterations >= st.tokens - 1
             else:
                 assert st.drafts_accepted > 0, cap
         seeded = [spec.generate(PROMPT, 24, temperature=0.8, seed=3, draft_max=c) for c in (0, 3)]

@@ -456,10 +456,11 @@ void Engine::prefill_chunk(SeqState & s) {
     const llama_seq_id seq = c.seq;
     const std::vector<llama_token> & prompt = c.req.prompt;
     // The whole prompt, each chunk fed to the drafter, and the first token sampled from its last row
-    // (no decode of its own), except on recurrent models: there the last prompt token is held back
+    // (no decode of its own), except where the memory is checkpointed (a recurrent model, or MTP and
+    // EAGLE-3, whose carried row is part of a checkpoint): there the last prompt token is held back
     // for the first pass (the first verify's [id_last], or a plain step), so that the prompt cache's
     // checkpoint before it serves the same prompt again (ADR 0018).
-    const bool hold_last = cache_.recurrent();
+    const bool hold_last = cache_.checkpointed();
     const int32_t n_prefix = (int32_t) prompt.size() - (hold_last ? 1 : 0);
     const Clock::time_point t0 = Clock::now();
     auto progress = [&](int32_t processed) {
@@ -477,7 +478,7 @@ void Engine::prefill_chunk(SeqState & s) {
         s.delta.cached_tokens += (uint64_t) s.n_prefilled;
         progress(s.n_prefilled);
     }
-    int32_t i_last = -1;  // plain: the row of the last prompt token in this chunk
+    int32_t i_last = -1;  // not held back: the row of the last prompt token in this chunk
     const bool all_cached = s.n_prefilled >= n_prefix;  // nothing left to decode (hold_last only)
     if (s.n_prefilled < n_prefix) {
         const int32_t n_batch = (int32_t) std::max<uint32_t>(1, llama_n_batch(ctx_tgt));
@@ -571,9 +572,9 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
     for (SeqState * s : ready) {
         CallState & c = s->c();
         const int32_t remaining = c.req.max_tokens - c.stats.tokens;
-        // the first pass after the prompt of a recurrent model (its held-back last token) drafts
-        // nothing: the first token comes out after the prompt alone, as in plain decoding, and the
-        // drafter's catch-up on the prompt waits for the second pass
+        // the first pass after a checkpointed prompt (its held-back last token) drafts nothing: the
+        // first token comes out after the prompt alone, as in plain decoding, and the drafter's
+        // catch-up on the prompt waits for the second pass
         const bool first = !s->generating;
         int32_t wanted = first ? 0 : policy ? policy_lengths_[i_policy++] : n_draft;
         if (c.req.draft_max >= 0) wanted = std::min(wanted, c.req.draft_max);  // the call's own cap

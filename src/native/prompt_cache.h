@@ -77,6 +77,9 @@ public:
     // The memory holds a recurrent state (target or draft model): a half-written step cannot be
     // trimmed away.
     bool recurrent() const { return tgt_recurrent_ || dft_recurrent_; }
+    // The memory cannot be cut back to any position: a recurrent state, or a drafter's carried row
+    // (MTP's pending hidden state, EAGLE-3's deferred row). Such sequences keep checkpoints.
+    bool checkpointed() const { return recurrent() || drafter_state_; }
 
 private:
     struct Seq {
