@@ -44,12 +44,21 @@ def bert_cls(tmp_path_factory: pytest.TempPathFactory) -> BertFixtureInfo:
 
 
 def upstream(path: str, texts: list[str], *args: str) -> list[list[float]]:
-    """llama-embedding's vectors (one per line of the prompt), printed as a JSON array."""
-    out = subprocess.run([str(llama_embedding()), "-m", path, "-p", "\n".join(texts), "-t", "2",
-                          "--embd-output-format", "array", *args], check=True, capture_output=True,
-                         text=True, timeout=300).stdout
-    vectors: list[list[float]] = json.loads(out[out.index("[["):])
-    return vectors
+    """llama-embedding's vectors (one per line of the prompt), printed as a JSON array. It prints
+    each number and each comma as a log entry of common's asynchronous logger, which once in CI
+    printed a number twice in place of the comma after it (malformed JSON): such a run is repeated,
+    at most twice."""
+    for attempt in range(3):
+        out = subprocess.run([str(llama_embedding()), "-m", path, "-p", "\n".join(texts), "-t", "2",
+                              "--embd-output-format", "array", *args], check=True, capture_output=True,
+                             text=True, timeout=300).stdout
+        try:
+            vectors: list[list[float]] = json.loads(out[out.index("[["):])
+            return vectors
+        except json.JSONDecodeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def assert_close(got: list[list[float]], want: list[list[float]], tol: float) -> None:
