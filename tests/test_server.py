@@ -593,10 +593,13 @@ def test_stream_starts_with_its_call(plain: Server) -> None:
         assert "".join(c["content"] for c in quiet) == "".join(c["content"] for c in loud)
         progress = [c["prompt_progress"] for c in loud if "prompt_progress" in c]
         assert progress and progress[0]["processed"] < progress[-1]["processed"] == progress[-1]["total"]
-        # leave as soon as the headers are there: the prompt (900 words, not cached) is still decoding
+        # the headers come before the first token: while the prompt (900 words, not cached, some
+        # hundred ms here) decodes, /slots shows the request with nothing generated; then leave
         body = {"prompt": long_prompt, "n_predict": 4, "stream": True, "cache_prompt": False}
         with h.stream("POST", f"{plain.url}/completion", json=body) as r:
             assert r.status_code == 200
+            busy = [x for x in h.get(f"{plain.url}/slots").json() if x["is_processing"]]
+            assert len(busy) == 1 and busy[0]["next_token"][0]["n_decoded"] == 0
     assert wait_idle(plain)
 
 
