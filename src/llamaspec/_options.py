@@ -199,10 +199,15 @@ SAMPLING_OPTIONS: dict[str, Checker] = {
     "post_sampling_probs": _bool,
 }
 
+#: Model.embed's pooling names and llama.cpp's llama_pooling_type values for them.
+POOLING_TYPES = {"mean": 1, "cls": 2, "last": 3}
+
 #: Sampling fields a chat template's tools set (ChatPrompt.sampling(); never a caller's option): the
 #: tool-call grammar, lazy until one of its triggers appears; the tokens that stay text; the text the
 #: template put at the start of the assistant's turn (a forced grammar starts after it).
-CHAT_SAMPLING_FIELDS = ("tool_grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "generation_prompt")
+CHAT_SAMPLING_FIELDS = (
+    "tool_grammar", "grammar_lazy", "grammar_triggers", "preserved_tokens", "generation_prompt"
+)
 
 SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 0.8,

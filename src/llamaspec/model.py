@@ -11,6 +11,7 @@ from typing import Any, Literal, overload
 from . import _native
 from ._chat import Renderer, chat_tokens, messages_json
 from ._log import sync_log_level
+from ._options import POOLING_TYPES, _bool, _choice, _int
 from .chat import ChatPrompt, build_chat_prompt
 from .errors import ClosedError, InvalidOptionError, ModelLoadError, UnsupportedModelError
 
@@ -380,7 +381,6 @@ class Model:
             return chat_tokens(native, messages, render)
         return render(messages_json(messages))
 
-
     def chat_prompt(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -474,19 +474,19 @@ class Model:
                                      f"{type(texts).__name__}")
         if not texts:
             raise InvalidOptionError("texts is empty: nothing to embed")
-        if pooling is not None and pooling not in _POOLING:
-            raise InvalidOptionError(f"pooling must be one of {', '.join(_POOLING)} or None, got {pooling!r}")
-        for name, flag in (("normalize", normalize), ("truncate", truncate)):
-            if not isinstance(flag, bool):
-                raise InvalidOptionError(f"{name} must be a bool")
+        _choice(*POOLING_TYPES, none_ok=True)("pooling", pooling)
+        _bool("normalize", normalize)
+        _bool("truncate", truncate)
+        _int(8, 1 << 20, none_ok=True)("n_ctx", n_ctx)
+        _int(1, 1024, none_ok=True)("n_threads", n_threads)
         # a decoder's context holds a KV cache: a smaller default than an embedding model's
         cap = 2048 if native.causal_attention else 8192
-        ctx = _int_or_default("n_ctx", n_ctx, 8, 1 << 20, min(native.n_ctx_train or cap, cap))
-        threads = _int_or_default("n_threads", n_threads, 1, 1024, -1)
+        ctx = n_ctx if n_ctx is not None else min(native.n_ctx_train or cap, cap)
+        threads = n_threads if n_threads is not None else -1
         if pooling is None and native.pooling_type == 4:
             raise UnsupportedModelError("this model is a reranker (rank pooling): it gives scores, not "
                                         "sentence embeddings; choose pooling='mean', 'cls' or 'last'")
-        kind = _POOLING[pooling] if pooling is not None else -1
+        kind = POOLING_TYPES[pooling] if pooling is not None else -1
         inputs: list[list[int]] = []
         for t in texts:
             if isinstance(t, str):
@@ -511,20 +511,10 @@ class Model:
             e = self._embedders.get(key)
             if e is None:
                 if pooling == -1 and native.pooling_type in (-1, 0):  # none named: decoder models
-                    pooling = _POOLING["mean"]
+                    pooling = POOLING_TYPES["mean"]
                 e = _native.Embedder(native, n_ctx, pooling, n_threads)
                 self._embedders[key] = e
             return e
-
-_POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's llama_pooling_type values
-
-
-def _int_or_default(name: str, v: Any, lo: int, hi: int, default: int) -> int:
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise InvalidOptionError(f"{name} must be an int within [{lo}, {hi}] or None, got {v!r}")
-    return v
 
 
 def _id(v: Any) -> int:

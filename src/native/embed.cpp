@@ -25,10 +25,6 @@ namespace llamaspec {
 // Owns one Context (context.h: a llama_context and its CPU thread pools) with embeddings on. Not shared
 // between threads at once: embed() holds a mutex for the call (taken without the GIL). Keeps the Model
 // alive (shared_ptr), as every native context does.
-namespace {
-// Whether the model attends causally: embedding GGUFs say `<arch>.attention.causal = false`.
-bool causal(const Model & m) { return m.meta(m.meta("general.architecture") + ".attention.causal") != "false"; }
-}  // namespace
 
 class Embedder {
 public:
@@ -44,7 +40,7 @@ public:
         // As llama-embedding: a non-causal model (BERT) needs a whole input in one ubatch; a decoder keeps
         // llama.cpp's ubatch (its logits buffer and graph are sized by the ubatch, times the vocabulary).
         p.n_batch = (uint32_t) n_ctx;
-        p.n_ubatch = causal(*model_) ? std::min<uint32_t>(p.n_ubatch, p.n_batch) : p.n_batch;
+        p.n_ubatch = model_->causal_attention() ? std::min<uint32_t>(p.n_ubatch, p.n_batch) : p.n_batch;
         // llama.cpp reserves an output per sequence within n_batch outputs (it asserts otherwise)
         p.n_seq_max = (uint32_t) std::min<size_t>(llama_max_parallel_sequences(), (size_t) n_ctx);
         p.kv_unified = true;

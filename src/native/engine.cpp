@@ -526,15 +526,13 @@ void Engine::prefill_chunk(SeqState & s) {
     for (llama_token t : prompt) common_sampler_accept(c.smpl.get(), t, false);
     s.prompt_tgt.assign(prompt.begin(), prompt.begin() + n_prefix);
     s.prompt_tgt.reserve(core_->tgt->n_ctx());
+    if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);  // the drafter starts from what was decoded
     if (hold_last) {
         s.id_last = prompt.back();
         s.n_past = n_prefix;
-        if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);
         return;
     }
-    // the first token, sampled from the prompt's last row; a drafter starts from the whole prompt
-    // and drafts from the next pass on, after that token
-    if (spec) common_speculative_begin(spec, seq, s.prompt_tgt);
+    // the first token, sampled from the prompt's last row; drafts come from the next pass on
     const Clock::time_point ts = Clock::now();
     std::vector<TokenProbs> probs;
     const std::vector<llama_token> ids = sample_and_accept(c, ctx_tgt, {i_last}, {}, probs);

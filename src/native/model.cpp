@@ -181,6 +181,8 @@ std::string Model::meta(const std::string & key) const {
     return buf;
 }
 
+bool Model::causal_attention() const { return meta(meta("general.architecture") + ".attention.causal") != "false"; }
+
 common_chat_params Model::chat_params(const common_chat_templates_inputs & inputs,
                                       const std::string & template_override) const {
     LogCapture capture;
@@ -349,10 +351,7 @@ void register_model(nb::module_ & m) {
                      [](const Model & self) {
                          return llama_vocab_get_add_eos(self.vocab()) || llama_vocab_get_add_sep(self.vocab());
                      })
-        .def_prop_ro("causal_attention",
-                     [](const Model & self) {
-                         return self.meta(self.meta("general.architecture") + ".attention.causal") != "false";
-                     },
+        .def_prop_ro("causal_attention", &Model::causal_attention,
                      "False for models that attend both ways (BERT-like embedding models).")
         .def_prop_ro("pooling_type",
                      [](const Model & self) {

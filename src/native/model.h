@@ -66,6 +66,9 @@ public:
     std::vector<llama_token> tokenize_segments(const std::vector<std::pair<std::string, bool>> & segments,
                                                bool add_special) const;
 
+    // False for models that attend both ways (BERT-like embedding models: <arch>.attention.causal = false).
+    bool causal_attention() const;
+
     // Applies the model's chat template (or template_override) through common's chat API: the prompt,
     // and with tools the grammar, triggers and output parser that go with it (chat.cpp). Template
     // failures raise Error(ChatTemplate), malformed tools or tool_choice Error(InvalidOption).

@@ -143,7 +143,7 @@ bool PromptCache::restore(llama_seq_id seq, const Checkpoint & ck) {
 
 int32_t PromptCache::reusable(const Seq & r, const std::vector<llama_token> & prompt) const {
     const int32_t n = keepable(r.tokens, prompt);
-    if (n == (int32_t) r.tokens.size() || !(recurrent() || drafter_state_)) return n;  // a cut
+    if (n == (int32_t) r.tokens.size() || !checkpointed()) return n;  // a cut
     auto it = latest(r.checkpoints, n);
     if (it != r.checkpoints.rend()) return it->n_tokens;
     return recurrent() ? 0 : n;  // an attention-only target with a drafter cuts anyway
@@ -262,7 +262,7 @@ int32_t PromptCache::reuse(llama_seq_id seq, const std::vector<llama_token> & pr
 }
 
 void PromptCache::checkpoint(llama_seq_id seq, int32_t n_tokens, bool periodic) {
-    if (!(recurrent() || drafter_state_) || max_checkpoints_ == 0 || n_tokens <= 0) return;
+    if (!checkpointed() || max_checkpoints_ == 0 || n_tokens <= 0) return;
     if (periodic) {
         std::lock_guard<std::mutex> lock(mutex_);
         const auto & cks = seqs_[(size_t) seq].checkpoints;

@@ -553,9 +553,7 @@ def create_app(
     async def detokenize(request: Request) -> dict[str, Any]:
         s = ready()
         req = await _body(request, DetokenizeRequest)
-        for i in req.tokens:
-            if not 0 <= i < s.model.n_vocab:
-                raise ApiError(400, f"token id {i} is out of range")
+        s.check_ids(req.tokens)
         return {"content": await asyncio.to_thread(s.model.detokenize, req.tokens)}
 
     @app.post("/embeddings")

@@ -21,6 +21,7 @@ from .._flags import (
     model_path,
     sampling_from_args,
 )
+from .._options import POOLING_TYPES
 from ..chat import REASONING_FORMATS
 from ..errors import InvalidOptionError
 from ..grammar import json_schema_to_grammar
@@ -153,7 +154,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     eng.add_argument(
         "--pooling",
-        choices=("mean", "cls", "last"),
+        choices=tuple(POOLING_TYPES),
         help="how /v1/embeddings pools a text's tokens (default: the model's own pooling type, else mean)",
     )
     eng.add_argument(

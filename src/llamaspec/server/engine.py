@@ -158,6 +158,13 @@ class ServedModel:
         """Requests decoding now."""
         return sum(s.is_processing for s in self.slots)
 
+    def check_ids(self, ids: list[int]) -> None:
+        """ApiError 400 naming the first id outside the vocabulary."""
+        n_vocab = self.model.n_vocab
+        if ids and (min(ids) < 0 or max(ids) >= n_vocab):
+            bad = next(i for i in ids if not 0 <= i < n_vocab)
+            raise ApiError(400, f"token id {bad} is out of range")
+
     def plan(self, ids: list[int], req: Sampling, n: int = 1, chat: ChatPrompt | None = None) -> list[Call]:
         """The calls of a request for one prompt (n choices), or an ApiError: the prompt and its ids
         are checked, max_tokens is capped at the context, sampling is the server's defaults with the
@@ -165,10 +172,7 @@ class ServedModel:
         and the request stays reproducible)."""
         if not ids:
             raise ApiError(400, "the prompt is empty")
-        n_vocab = self.model.n_vocab
-        if min(ids) < 0 or max(ids) >= n_vocab:
-            bad = next(i for i in ids if not 0 <= i < n_vocab)
-            raise ApiError(400, f"token id {bad} is out of range")
+        self.check_ids(ids)
         room = self.n_ctx_seq - len(ids)
         if room <= 0:
             raise ApiError(
