@@ -1,12 +1,13 @@
 """Chat prompts with tools and reasoning (ADR 0026).
 
 ``Model.chat_prompt(messages, tools=...)`` renders a conversation through llama.cpp's chat API
-(common/chat.h): the template's own tool format (Llama 3.x, Hermes/Qwen, Mistral, ... and common's
-generic format for a template without one), the grammar that constrains a tool call's arguments (lazy:
-it starts at the call's first marker, so free text stays free; forced with ``tool_choice="required"``),
-and the parser of the template's output format. A session given the ChatPrompt as its prompt samples
-with that grammar and streams the parsed reply as ContentDelta, ReasoningDelta, ToolCallStart and
-ToolCallArguments events, with the whole ChatMessage in Done.
+(common/chat.h): the template's own tool format (Llama 3.x, Hermes/Qwen, Mistral, ...; a template
+without one gets no tool grammar and plain-content parsing, as in llama-server), the grammar that
+constrains a tool call's arguments (lazy: it starts at the call's first marker, so free text stays
+free; forced with ``tool_choice="required"``), and the parser of the template's output format. A
+session given the ChatPrompt as its prompt samples with that grammar and streams the parsed reply
+as ContentDelta, ReasoningDelta, ToolCallStart and ToolCallArguments events, with the whole
+ChatMessage in Done.
 """
 
 from __future__ import annotations

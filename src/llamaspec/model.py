@@ -405,8 +405,8 @@ class Model:
             messages: OpenAI-style messages; assistant messages may carry ``tool_calls`` and tool
                 results come as ``{"role": "tool", "tool_call_id": ..., "content": ...}``.
             tools: OpenAI tool objects ``{"type": "function", "function": {"name", "description",
-                "parameters"}}``, rendered in the template's own tool format (common's generic
-                format for a template without one).
+                "parameters"}}``, rendered in the template's own tool format (a template without
+                one gets no tool grammar and its replies are parsed as plain content, ADR 0026).
             tool_choice: "auto" (the model may call a tool), "none" (tools shown, no call parsed),
                 "required" (a call is forced by the grammar), or ``{"type": "function",
                 "function": {"name": ...}}`` (that tool is required).
