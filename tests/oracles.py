@@ -17,6 +17,7 @@ LIBS = [
     "src/libllama.a",
     "ggml/src/libggml.a",
     "ggml/src/libggml-cpu.a",
+    "ggml/src/ggml-rpc/libggml-rpc.a",  # the build has the RPC backend (ADR 0029)
     "ggml/src/libggml-base.a",
 ]
 

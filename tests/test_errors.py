@@ -29,9 +29,9 @@ from llamaspec import (
 
 @pytest.mark.unit
 def test_hierarchy() -> None:
-    for cls in (ModelLoadError, UnsupportedModelError, ContextOverflowError, BusyError, GenerationTimeout,
-                InvalidOptionError, GrammarError, ChatTemplateError, DecodeError, ClosedError):
-        assert issubclass(cls, LlamaspecError)
+    for name in llamaspec.errors.__all__:  # every class, each exported by the package too
+        assert issubclass(getattr(llamaspec.errors, name), LlamaspecError)
+        assert name in llamaspec.__all__ and getattr(llamaspec, name) is getattr(llamaspec.errors, name)
     assert issubclass(GenerationTimeout, TimeoutError)
     assert issubclass(InvalidOptionError, ValueError)
     assert issubclass(GrammarError, InvalidOptionError)

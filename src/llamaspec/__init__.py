@@ -9,6 +9,7 @@ from . import _native
 from . import _log  # noqa: F401  (installs the llama.cpp -> logging bridge)
 from .context import Context
 from .errors import (
+    BackendError,
     BusyError,
     ChatTemplateError,
     ClosedError,
@@ -83,6 +84,7 @@ __all__ = [
     "LlamaspecError",
     "ModelLoadError",
     "LoadCancelledError",
+    "BackendError",
     "UnsupportedModelError",
     "ContextOverflowError",
     "BusyError",

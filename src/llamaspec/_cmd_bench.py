@@ -25,6 +25,7 @@ from ._flags import (
     add_speculative_arguments,
     check_context_arguments,
     context_options,
+    model_options,
     model_path,
 )
 from ._terminal import LoadBar, is_terminal
@@ -98,7 +99,7 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         with open(a.file, encoding="utf-8") as f:
             a.prompt = f.read()
     path = model_path(p, a)  # last: -hf may download
-    with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
+    with Model(path, progress=LoadBar(path), **model_options(a)) as model:
         default = "mtp" if model.has_mtp else ("draft" if a.draft_model else None)
         methods = [m for m in (a.methods or [default]) if m not in (None, "none")]
         if not methods:

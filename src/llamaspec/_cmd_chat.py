@@ -22,6 +22,7 @@ from ._flags import (
     add_sampling_arguments,
     add_speculative_arguments,
     check_context_arguments,
+    model_options,
     model_path,
     sampling_from_args,
     session_from_args,
@@ -157,7 +158,7 @@ def chat(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         p.error(f"-n/--n-predict must be >= 1 or -1, got {a.n_predict}")
     check_context_arguments(p, a)
     path = model_path(p, a)  # last: -hf may download
-    with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
+    with Model(path, progress=LoadBar(path), **model_options(a)) as model:
         if model.chat_template is None:
             raise ChatTemplateError(f"{path} has no chat template: use llamaspec run --raw")
         n_ctx = n_ctx_for(model, a.n_ctx)

@@ -17,6 +17,7 @@ from ._flags import (
     add_sampling_arguments,
     add_speculative_arguments,
     check_context_arguments,
+    model_options,
     model_path,
     sampling_from_args,
     session_from_args,
@@ -181,7 +182,7 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     text = read_prompt(p, a)
     sampling = sampling_from_args(a)
     path = model_path(p, a)  # last: -hf may download
-    with Model(path, n_gpu_layers=a.n_gpu_layers, progress=LoadBar(path)) as model:
+    with Model(path, progress=LoadBar(path), **model_options(a)) as model:
         n_ctx = n_ctx_for(model, a.n_ctx)
         ids = prompt_ids(model, text, a)
         room = n_ctx - len(ids)

@@ -95,7 +95,7 @@ def model_path(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
 
 
 def add_context_arguments(g: argparse._ArgumentGroup, ctx_help: str) -> None:
-    """-c, -b, -ub, -t, -tb, -ngl."""
+    """-c, -b, -ub, -t, -tb, -ngl, --rpc, --rpc-timeout."""
     g.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, default=0, help=ctx_help)
     g.add_argument("-b", "--batch-size", dest="n_batch", type=int, help="logical batch size")
     g.add_argument("-ub", "--ubatch-size", dest="n_ubatch", type=int, help="physical batch size")
@@ -107,9 +107,27 @@ def add_context_arguments(g: argparse._ArgumentGroup, ctx_help: str) -> None:
         "--gpu-layers",
         dest="n_gpu_layers",
         type=int,
-        default=0,
-        help="layers to offload to a GPU (a GPU build only)",
+        help="layers to offload to the GPUs and RPC workers, -1 all (default: all with --rpc, else none)",
     )
+    g.add_argument(
+        "--rpc",
+        dest="rpc_servers",
+        metavar="HOST:PORT,...",
+        type=lambda s: [e.strip() for e in s.split(",") if e.strip()],
+        help="llama.cpp RPC workers (`llamaspec rpc-server`) that hold the offloaded layers",
+    )
+    g.add_argument(
+        "--rpc-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="seconds an RPC worker may stay silent before it counts as failed (0: forever; default 120)",
+    )
+
+
+def model_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The Model options that add_context_arguments' flags give (-ngl, --rpc, --rpc-timeout)."""
+    return {"n_gpu_layers": a.n_gpu_layers, "rpc_servers": a.rpc_servers, "rpc_timeout": a.rpc_timeout}
 
 
 def add_n_predict_argument(g: argparse.ArgumentParser | argparse._ArgumentGroup, default: int,
@@ -126,8 +144,10 @@ def check_context_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -
                     ("-b/--batch-size", a.n_batch), ("-ub/--ubatch-size", a.n_ubatch)):
         if v is not None and v < 1:
             p.error(f"{flag} must be >= 1, got {v}")
-    if a.n_gpu_layers < -1:
+    if a.n_gpu_layers is not None and a.n_gpu_layers < -1:
         p.error(f"-ngl/--n-gpu-layers must be >= -1, got {a.n_gpu_layers}")
+    if a.rpc_timeout < 0:
+        p.error(f"--rpc-timeout must be >= 0, got {a.rpc_timeout}")
 
 
 def add_speculative_arguments(p: argparse.ArgumentParser, several: bool = False) -> None:

@@ -1,6 +1,6 @@
 """The `llamaspec` command (also `python -m llamaspec`). Subcommands: ``run`` (one answer, streamed),
 ``chat`` (a conversation), ``bench`` (plain vs speculative, as ratios), ``info`` (what a GGUF file
-holds), ``serve`` (the OpenAI-compatible server).
+holds), ``serve`` (the OpenAI-compatible server), ``rpc-server`` (a llama.cpp RPC worker).
 
 Exit codes: 0 ok, 1 a runtime error (one line, no traceback unless --verbose), 2 a usage error,
 130 interrupted (Ctrl-C).
@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from ._cmd_bench import add_bench_arguments, bench
 from ._cmd_chat import add_chat_arguments, chat
 from ._cmd_info import add_info_arguments, info
+from ._cmd_rpc import WARNING as RPC_WARNING
+from ._cmd_rpc import add_rpc_server_arguments, rpc_server
 from ._cmd_run import add_run_arguments, run
 from ._terminal import is_terminal
 from .errors import LlamaspecError
@@ -41,6 +43,10 @@ SUBCOMMANDS: list[tuple[str, Callable[[argparse.ArgumentParser], None], Command,
     ("info", add_info_arguments, info, "what a GGUF file holds and what this build runs it on",
      "Architecture, size, context, MTP layers, chat template, special tokens of a GGUF model, and this "
      "build's backends."),
+    ("rpc-server", add_rpc_server_arguments, rpc_server,
+     "a llama.cpp RPC worker for models split across machines",
+     "Serve this machine's compute (its GPUs, else its CPU) to llamaspec or llama.cpp clients that load a "
+     "model with --rpc HOST:PORT / rpc_servers=[...]; clients are served one at a time. " + RPC_WARNING),
 ]
 
 

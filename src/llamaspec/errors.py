@@ -21,6 +21,7 @@ __all__ = [
     "IncompatibleVocabError",
     "DraftModelRequiredError",
     "LoadCancelledError",
+    "BackendError",
 ]
 
 
@@ -91,3 +92,9 @@ class IncompatibleVocabError(UnsupportedModelError):
 class DraftModelRequiredError(InvalidOptionError):
     """The speculative method drafts with a separate model (draft-simple, EAGLE-3, DFlash, DSpark)
     and no ``draft_model`` was given."""
+
+
+class BackendError(LlamaspecError):
+    """A compute backend of the model failed: an RPC worker stopped, went silent past ``rpc_timeout``
+    or answered wrongly. The call in progress ends with it, and so does every later call on that
+    ``Model`` (its weights there are lost); load the model again once the worker is back."""

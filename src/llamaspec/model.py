@@ -20,6 +20,15 @@ __all__ = ["Model"]
 _GGUF_MAGIC = b"GGUF"
 
 
+def _rpc_servers(servers: Sequence[str] | None) -> list[str]:
+    """The endpoints of ``rpc_servers`` (a list or tuple) as a list; the native side checks their form."""
+    if servers is None:
+        return []
+    if not isinstance(servers, (list, tuple)) or not all(isinstance(s, str) for s in servers):
+        raise InvalidOptionError('rpc_servers must be a list of "host:port" strings')
+    return list(servers)
+
+
 def _check_model_file(path: str) -> None:
     if not os.path.exists(path):
         raise ModelLoadError(f"model file not found: '{path}'", path=path)
@@ -51,7 +60,7 @@ class Model:
         self,
         path: str | os.PathLike[str],
         *,
-        n_gpu_layers: int = 0,
+        n_gpu_layers: int | None = None,
         main_gpu: int = 0,
         split_mode: str = "layer",
         tensor_split: Sequence[float] | None = None,
@@ -61,13 +70,16 @@ class Model:
         vocab_only: bool = False,
         check_tensors: bool = False,
         use_extra_bufts: bool = True,
+        rpc_servers: Sequence[str] | None = None,
+        rpc_timeout: float = 120.0,
         progress: Callable[[float], bool | None] | None = None,
     ) -> None:
         """Load a GGUF file. Loading releases the GIL.
 
         Args:
             path: the .gguf file.
-            n_gpu_layers: layers to offload to a GPU (GPU builds only); -1 offloads all.
+            n_gpu_layers: layers to offload to the GPUs and RPC workers; -1 offloads all. Default:
+                all when ``rpc_servers`` are given, else none.
             main_gpu: the GPU used when ``split_mode`` is "none".
             split_mode: how to split across GPUs: "none", "layer" or "row".
             tensor_split: proportion of the model per GPU.
@@ -77,13 +89,23 @@ class Model:
             vocab_only: load only the vocabulary (tokenizer and chat template, no generation).
             check_tensors: validate tensor data while loading.
             use_extra_bufts: let llama.cpp repack weights into faster CPU layouts.
+            rpc_servers: llama.cpp RPC workers ("host:port", each running ``llamaspec rpc-server``
+                or upstream's ``rpc-server`` of the same llama.cpp) that hold the offloaded layers,
+                split by their memory unless ``tensor_split`` says otherwise; they come before
+                any local GPU. The protocol has no authentication or encryption: use it on a
+                network you trust.
+            rpc_timeout: seconds a worker may stay silent (a long prompt chunk on a slow worker
+                counts) before its connection counts as failed; 0 waits forever. It applies to the
+                connections this load opens; a worker already connected in this process keeps its
+                own.
             progress: called while the weights load with the share loaded so far (0.0 to 1.0), on
                 the loading thread with the GIL held for the call; returning False cancels the load
                 (LoadCancelledError), an exception it raises cancels it and propagates. Not called
                 for ``vocab_only``.
 
         Raises:
-            ModelLoadError: the file is missing, a directory, not GGUF, truncated or corrupt.
+            ModelLoadError: the file is missing, a directory, not GGUF, truncated or corrupt, or an
+                RPC worker cannot be reached (the message names it) or failed during the load.
             LoadCancelledError: ``progress`` returned False.
             UnsupportedModelError: llama.cpp does not support the model's architecture.
             InvalidOptionError: an option has an invalid value.
@@ -99,9 +121,14 @@ class Model:
                         ("use_extra_bufts", use_extra_bufts)):
             if not isinstance(v, bool):
                 raise InvalidOptionError(f"{name} must be a bool")
+        servers = _rpc_servers(rpc_servers)
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if servers else 0
         for name, iv in (("n_gpu_layers", n_gpu_layers), ("main_gpu", main_gpu)):
             if isinstance(iv, bool) or not isinstance(iv, int):
                 raise InvalidOptionError(f"{name} must be an int")
+        if isinstance(rpc_timeout, bool) or not isinstance(rpc_timeout, (int, float)):
+            raise InvalidOptionError("rpc_timeout must be a number of seconds")
         if split_mode not in ("none", "layer", "row"):
             raise InvalidOptionError(f"split_mode must be 'none', 'layer' or 'row'; got {split_mode!r}")
         splits = [float(x) for x in tensor_split] if tensor_split is not None else []
@@ -111,7 +138,7 @@ class Model:
         sync_log_level()
         self._native = _native.Model.load(
             p, n_gpu_layers, main_gpu, split_mode, splits, load_mtp, use_mmap, use_mlock, vocab_only,
-            check_tensors, use_extra_bufts, progress,
+            check_tensors, use_extra_bufts, servers, float(rpc_timeout), progress,
         )
         self._path = p
         self._load_mtp = load_mtp

@@ -144,6 +144,9 @@ std::shared_ptr<Context> Context::create(std::shared_ptr<Model> model, const lla
                         "load it with load_mtp=True to use MTP", 0, false, model->path());
         }
     }
+    // a model whose RPC worker failed stays failed: a new context would reconnect to a restarted
+    // worker, which does not hold this model's weights
+    model->check_backend(nullptr);
     std::shared_ptr<Context> c(new Context());
     c->params_ = params;
     c->params_.abort_callback = abort_callback;
@@ -295,6 +298,7 @@ void register_context(nb::module_ & m) {
                      nb::gil_scoped_release nogil;
                      c.clear_abort();
                      rc = c.decode(tokens.data(), tokens.size(), pos0);
+                     c.model()->check_backend(c.get());  // a failed RPC worker first: it makes rc -3 too
                  }
                  if (rc == 2) {
                      throw Error::with_code(ErrorKind::Decode, "decode was aborted", rc);

@@ -113,7 +113,9 @@ public:
                 nb::gil_scoped_release nogil;
                 LogCapture capture;
                 llama_memory_clear(llama_get_memory(ctx_->get()), true);
-                if (llama_decode(ctx_->get(), batch) != 0) {
+                const int rc = llama_decode(ctx_->get(), batch);
+                ctx_->model()->check_backend(ctx_->get());  // a failed RPC worker first: it makes rc -3 too
+                if (rc != 0) {
                     throw Error(ErrorKind::Decode, "embedding pass failed: " + capture.summary());
                 }
                 for (size_t s = first; s < k; ++s) {

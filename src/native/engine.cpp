@@ -63,6 +63,13 @@ Error rollback_error(llama_seq_id seq, llama_pos p0, const char * cache) {
                                         std::to_string(seq) + " from the " + cache + " (rollback failed)");
 }
 
+// After a decode: Error(Backend) when an RPC worker of the target or the drafter's model failed
+// (what the decode produced is then not to be used); nothing to do for local models.
+void check_backends(const Core & core) {
+    core.tgt->model()->check_backend(core.tgt->get());
+    if (core.dft) core.dft->model()->check_backend(core.dft->get());
+}
+
 // common_speculative_process reported a failure of the drafter on `what`.
 Error drafter_error(const Core & core, const char * what) {
     return Error(ErrorKind::Generic, std::string("the drafter (") + common_speculative_type_name_str(core.stage_types) +
@@ -508,6 +515,7 @@ void Engine::prefill_chunk(SeqState & s) {
             ok = rc == 0 && (!spec || common_speculative_process(spec, batch));
         }
         c.stats.prefill_s += seconds(Clock::now() - t0);
+        check_backends(*core_);  // before the return code: a failed worker makes that -3 too
         if (!decode_ok(rc, "prompt decode") || c.cancelled.load()) {
             return;  // an abort only ever stops a cancelled call: it leaves as such
         }
@@ -663,6 +671,13 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
         for (size_t i = 0; i < s->draft.size(); ++i) batch.add(s->draft[i], s->n_past + 1 + (llama_pos) i, seq, true);
     }
     const int rc = llama_process(ctx_tgt, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    try {
+        check_backends(core);  // before the return code: a failed worker makes that -3 too
+    } catch (...) {
+        const Error e = current_error();
+        for (SeqState * s : ready) fail(*s, e);
+        return;
+    }
     if (rc == 2) return;  // aborted: every sequence was cancelled; they leave as such
     if (rc != 0) {
         const Error e = Error::with_code(ErrorKind::Decode, "verify decode failed: llama_decode returned " + std::to_string(rc), rc);

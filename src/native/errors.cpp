@@ -21,6 +21,7 @@ const char * error_class_name(ErrorKind kind) {
         case ErrorKind::IncompatibleVocab:  return "IncompatibleVocabError";
         case ErrorKind::DraftModelRequired: return "DraftModelRequiredError";
         case ErrorKind::LoadCancelled:      return "LoadCancelledError";
+        case ErrorKind::Backend:            return "BackendError";
     }
     return "LlamaspecError";
 }

@@ -25,6 +25,7 @@ enum class ErrorKind {
     IncompatibleVocab,  // IncompatibleVocabError
     DraftModelRequired, // DraftModelRequiredError
     LoadCancelled,      // LoadCancelledError
+    Backend,            // BackendError
 };
 
 // A C++ exception that carries what the Python exception needs: its class, a message, llama.cpp's

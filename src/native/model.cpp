@@ -58,7 +58,30 @@ std::shared_ptr<Model> Model::load(const std::string & path, const ModelOptions 
     }
 
     LogCapture capture;
+    RpcWorkers rpc;
+    std::vector<ggml_backend_dev_t> devices;
+    if (!opts.rpc_servers.empty()) {
+        // as llama.cpp orders them: the workers first (fewer transfers over the network), then the
+        // local GPUs; the list replaces llama.cpp's default (every local GPU), for this model only
+        rpc.connect(opts.rpc_servers, opts.rpc_timeout_s, devices);
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t d = ggml_backend_dev_get(i);
+            const auto type = ggml_backend_dev_type(d);
+            if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) devices.push_back(d);
+        }
+        devices.push_back(nullptr);
+        p.devices = devices.data();
+    }
     llama_model * raw = llama_model_load_from_file(path.c_str(), p);
+    if (!rpc.empty()) {
+        // a worker that failed while the weights went over: what it holds is not the model
+        try {
+            rpc.check();
+        } catch (const Error & e) {
+            if (raw != nullptr) llama_model_free(raw);
+            throw Error(ErrorKind::ModelLoad, "failed to load model '" + path + "': " + e.what(), 0, false, path);
+        }
+    }
     if (raw == nullptr) {
         std::string why = capture.summary();
         if (capture.contains("unknown model architecture") || capture.contains("unsupported model architecture")) {
@@ -74,7 +97,14 @@ std::shared_ptr<Model> Model::load(const std::string & path, const ModelOptions 
     m->path_ = path;
     m->vocab_only_ = opts.vocab_only;
     m->mtp_loaded_ = opts.load_mtp && !opts.vocab_only;
+    m->rpc_ = std::move(rpc);
     return m;
+}
+
+void Model::check_backend(llama_context * ctx) const {
+    if (rpc_.empty()) return;
+    if (ctx != nullptr) llama_synchronize(ctx);  // a failure shows once the results were due
+    rpc_.check();
 }
 
 Model::~Model() {
@@ -221,7 +251,8 @@ void register_model(nb::module_ & m) {
             "load",
             [](const std::string & path, int n_gpu_layers, int main_gpu, const std::string & split_mode,
                const std::vector<float> & tensor_split, bool load_mtp, bool use_mmap, bool use_mlock, bool vocab_only,
-               bool check_tensors, bool use_extra_bufts, nb::object progress) {
+               bool check_tensors, bool use_extra_bufts, const std::vector<std::string> & rpc_servers,
+               double rpc_timeout, nb::object progress) {
                 ModelOptions o;
                 o.n_gpu_layers = n_gpu_layers;
                 o.main_gpu = main_gpu;
@@ -233,6 +264,8 @@ void register_model(nb::module_ & m) {
                 o.vocab_only = vocab_only;
                 o.check_tensors = check_tensors;
                 o.use_extra_bufts = use_extra_bufts;
+                o.rpc_servers = rpc_servers;
+                o.rpc_timeout_s = rpc_timeout;
                 // The progress callable runs on this thread with the GIL taken back for the call;
                 // returning False (or raising) cancels the load, which then raises LoadCancelledError
                 // (or the callable's own exception).
@@ -267,7 +300,8 @@ void register_model(nb::module_ & m) {
             },
             nb::arg("path"), nb::arg("n_gpu_layers"), nb::arg("main_gpu"), nb::arg("split_mode"), nb::arg("tensor_split"),
             nb::arg("load_mtp"), nb::arg("use_mmap"), nb::arg("use_mlock"), nb::arg("vocab_only"),
-            nb::arg("check_tensors"), nb::arg("use_extra_bufts"), nb::arg("progress").none(),
+            nb::arg("check_tensors"), nb::arg("use_extra_bufts"), nb::arg("rpc_servers"), nb::arg("rpc_timeout"),
+            nb::arg("progress").none(),
             "Load a GGUF file (releases the GIL; progress(share) is called with it held).")
         .def_prop_ro("path", &Model::path)
         .def_prop_ro("description",

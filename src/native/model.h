@@ -10,6 +10,7 @@
 #include <nanobind/nanobind.h>
 
 #include "llama.h"
+#include "rpc.h"
 
 struct common_chat_templates;
 struct common_chat_templates_inputs;
@@ -28,6 +29,10 @@ struct ModelOptions {
     bool vocab_only = false;
     bool check_tensors = false;
     bool use_extra_bufts = true;
+    // llama.cpp's RPC workers ("host:port"), where the offloaded layers go (before any local GPU), and
+    // how long a worker may stay silent before its connection counts as failed (0: forever)
+    std::vector<std::string> rpc_servers;
+    double rpc_timeout_s = 0;
     // Called from the loading thread with the share loaded (0..1); false cancels the load. Empty: none.
     std::function<bool(float)> progress;
 };
@@ -66,6 +71,15 @@ public:
     std::vector<llama_token> tokenize_segments(const std::vector<std::pair<std::string, bool>> & segments,
                                                bool add_special) const;
 
+    // Whether the model's layers sit on RPC workers (whose failure check_backend reports).
+    bool remote() const { return !rpc_.empty(); }
+
+    // After a decode on ctx (a context of this model): waits for its results and throws
+    // Error(Backend) if an RPC worker of the model failed meanwhile, or ever before (what ctx
+    // computed is then not to be used). ctx null: the check alone. Nothing to do for a model
+    // without RPC workers.
+    void check_backend(llama_context * ctx) const;
+
     // False for models that attend both ways (BERT-like embedding models: <arch>.attention.causal = false).
     bool causal_attention() const;
 
@@ -82,6 +96,7 @@ private:
     std::string path_;
     bool vocab_only_ = false;
     bool mtp_loaded_ = false;
+    RpcWorkers rpc_;
 
     // control and unknown tokens (the ones parse_special=false ignores), longest text first
     const std::vector<std::pair<std::string, llama_token>> & control_tokens() const;

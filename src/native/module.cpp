@@ -23,6 +23,7 @@ void register_faults(nanobind::module_ & m);
 void register_structured(nanobind::module_ & m);
 void register_chat(nanobind::module_ & m);
 void register_embed(nanobind::module_ & m);
+void register_rpc(nanobind::module_ & m);
 }  // namespace llamaspec
 
 namespace nb = nanobind;
@@ -44,6 +45,7 @@ NB_MODULE(_native, m) {
     llamaspec::register_structured(m);
     llamaspec::register_chat(m);
     llamaspec::register_embed(m);
+    llamaspec::register_rpc(m);
 
     m.def("system_info", [] { return std::string(llama_print_system_info()); },
           "llama.cpp's description of the compiled CPU features and backends.");

@@ -272,7 +272,10 @@ def create_app(
 
     async def load() -> None:
         try:
-            model = await asyncio.to_thread(Model, cfg.model, n_gpu_layers=cfg.n_gpu_layers)
+            model = await asyncio.to_thread(
+                Model, cfg.model, n_gpu_layers=cfg.n_gpu_layers, rpc_servers=cfg.rpc_servers,
+                rpc_timeout=cfg.rpc_timeout,
+            )
             session, method, n_ctx_seq = await asyncio.to_thread(open_session, cfg, model)
             template = None
             if cfg.chat_template_file:

@@ -50,7 +50,9 @@ class ServerConfig:
     n_threads: int | None = None
     n_threads_batch: int | None = None
     n_predict: int = -1
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: all layers with rpc_servers, else none (Model's default)
+    rpc_servers: tuple[str, ...] = ()
+    rpc_timeout: float = 120.0
     method: str | None = None  # None: "mtp" when the model has MTP layers, else plain
     draft_model: str | None = None
     n_draft: int | Literal["auto"] = "auto"
@@ -229,6 +231,8 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         n_threads_batch=a.n_threads_batch,
         n_predict=a.n_predict,
         n_gpu_layers=a.n_gpu_layers,
+        rpc_servers=tuple(a.rpc_servers or ()),
+        rpc_timeout=a.rpc_timeout,
         method=a.method,
         draft_model=a.draft_model,
         n_draft=a.n_draft,
