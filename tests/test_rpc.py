@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from llamaspec_fixtures import FixtureInfo
+from llamaspec_fixtures import FixtureInfo, write_dflash_fixture, write_eagle3_fixture
 
 import llamaspec
 from llamaspec import BackendError, InvalidOptionError, ModelLoadError
@@ -110,6 +110,33 @@ def test_mtp_over_rpc_equals_local_plain(
     ) as mtp:
         assert token_ids(mtp.stream_events(prompt, 100, temperature=0)) == want
         assert mtp.stats().drafts_accepted > 0
+
+
+def test_every_drafter_over_a_split_target(
+    fx_nomtp_info: FixtureInfo, fixture_dir: Path, workers: list[Worker]
+) -> None:
+    # the heads that read the target's hidden states (EAGLE-3, DFlash) and n-gram, on a target whose
+    # every layer is on the workers: each equals the local plain run. The EAGLE-3 fixture has no
+    # output layer of its own and computes with the target's, so it goes on the same workers; kept
+    # local it is refused (ggml would abort the first decode: a local context cannot run the
+    # workers' weights). The DFlash fixture has its own and stays local.
+    prompt = "hello"
+    endpoints = [w.endpoint for w in workers]
+    with llamaspec.Model(fx_nomtp_info.path) as local, llamaspec.Generator(local, n_ctx=512, n_threads=1) as g:
+        want = token_ids(g.stream_events(prompt, 60, temperature=0))
+    eagle3 = write_eagle3_fixture(fixture_dir / "rpc-eagle3.gguf", fx_nomtp_info, wrong_fraction=0.3)
+    dflash = write_dflash_fixture(fixture_dir / "rpc-dflash.gguf", fx_nomtp_info, wrong_fraction=0.3)
+    with llamaspec.Model(fx_nomtp_info.path, rpc_servers=endpoints) as remote:
+        with llamaspec.Model(eagle3.path) as kept_local, pytest.raises(InvalidOptionError, match="rpc_servers"):
+            llamaspec.Speculative(remote, method="eagle3", draft_model=kept_local, n_ctx=512)
+        for kind, path, where in (("eagle3", eagle3.path, endpoints), ("dflash", dflash.path, None)):
+            with llamaspec.Model(path, rpc_servers=where) as dm, llamaspec.Speculative(
+                remote, method=kind, draft_model=dm, n_draft=3, n_ctx=512, n_threads=1
+            ) as spec:
+                assert token_ids(spec.stream_events(prompt, 60, temperature=0)) == want, kind
+                assert spec.stats().drafts_accepted > 0, kind
+        with llamaspec.Speculative(remote, method="ngram-simple", n_draft=3, n_ctx=512, n_threads=1) as spec:
+            assert token_ids(spec.stream_events(prompt, 60, temperature=0)) == want
 
 
 @pytest.mark.parametrize("bad", ["localhost", "127.0.0.1:", ":50052", "127.0.0.1:0", "127.0.0.1:70000",

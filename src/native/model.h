@@ -71,8 +71,8 @@ public:
     std::vector<llama_token> tokenize_segments(const std::vector<std::pair<std::string, bool>> & segments,
                                                bool add_special) const;
 
-    // Whether the model's layers sit on RPC workers (whose failure check_backend reports).
-    bool remote() const { return !rpc_.empty(); }
+    // The RPC workers the model's offloaded layers sit on (whose failure check_backend reports).
+    const std::vector<std::string> & rpc_endpoints() const { return rpc_.endpoints(); }
 
     // After a decode on ctx (a context of this model): waits for its results and throws
     // Error(Backend) if an RPC worker of the model failed meanwhile, or ever before (what ctx

@@ -26,6 +26,7 @@ public:
                  std::vector<ggml_backend_dev_t> & devices);
 
     bool empty() const { return endpoints_.empty(); }
+    const std::vector<std::string> & endpoints() const { return endpoints_; }
 
     // Throws Error(Backend) when a connection to one of the workers failed since connect(); every
     // later check throws too (ggml's counts only grow). Cheap: one lock and lookup per worker.

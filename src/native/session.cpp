@@ -155,6 +155,15 @@ void check_drafter_head(common_speculative_type t, const Model & tgt, const Mode
         }
     }
     if (layers.empty()) fail("it names no target layers (" + arch + ".target_layers)");
+    // A head without an output layer computes its logits with the target's (llama.cpp's ctx_other),
+    // so its context must reach the workers that hold it: ggml aborts the first decode otherwise
+    // ("pre-allocated tensor (output.weight) in a buffer that cannot run the operation").
+    if (gguf_find_tensor(g.get(), "output.weight") < 0 && !tgt.rpc_endpoints().empty() &&
+        tgt.rpc_endpoints() != dft.rpc_endpoints()) {
+        throw Error(ErrorKind::InvalidOption,
+                    "the drafter '" + dft.path() + "' computes with the target's output layer, which is on RPC "
+                    "workers: load it with the same rpc_servers as the target", 0, false, dft.path());
+    }
     // EAGLE-3 may read layer n_layer (the target's final hidden state); DFlash reads layer inputs
     const int64_t max_layer = t == COMMON_SPECULATIVE_TYPE_DRAFT_EAGLE3 ? n_layer_tgt : n_layer_tgt - 1;
     for (int64_t il : layers) {
