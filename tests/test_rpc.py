@@ -122,12 +122,14 @@ def test_every_drafter_over_a_split_target(
     # workers' weights). The DFlash fixture has its own and stays local.
     prompt = "hello"
     endpoints = [w.endpoint for w in workers]
-    with llamaspec.Model(fx_nomtp_info.path) as local, llamaspec.Generator(local, n_ctx=512, n_threads=1) as g:
+    with llamaspec.Model(fx_nomtp_info.path) as local, \
+            llamaspec.Generator(local, n_ctx=512, n_threads=1) as g:
         want = token_ids(g.stream_events(prompt, 60, temperature=0))
     eagle3 = write_eagle3_fixture(fixture_dir / "rpc-eagle3.gguf", fx_nomtp_info, wrong_fraction=0.3)
     dflash = write_dflash_fixture(fixture_dir / "rpc-dflash.gguf", fx_nomtp_info, wrong_fraction=0.3)
     with llamaspec.Model(fx_nomtp_info.path, rpc_servers=endpoints) as remote:
-        with llamaspec.Model(eagle3.path) as kept_local, pytest.raises(InvalidOptionError, match="rpc_servers"):
+        with llamaspec.Model(eagle3.path) as kept_local, \
+                pytest.raises(InvalidOptionError, match="rpc_servers"):
             llamaspec.Speculative(remote, method="eagle3", draft_model=kept_local, n_ctx=512)
         for kind, path, where in (("eagle3", eagle3.path, endpoints), ("dflash", dflash.path, None)):
             with llamaspec.Model(path, rpc_servers=where) as dm, llamaspec.Speculative(
