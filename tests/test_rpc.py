@@ -30,12 +30,12 @@ PROMPT = "The three primary colors are"
 class Worker:
     """A `llamaspec rpc-server` process on a loopback port."""
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(self, log_dir: Path, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.port = port or free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log = log_dir / f"rpc-{self.port}-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen(
-            [*serve_command(), "rpc-server", "--port", str(self.port), "--threads", "1"],
+            [*serve_command(), "rpc-server", "--host", host, "--port", str(self.port), "--threads", "1"],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
@@ -154,10 +154,16 @@ def test_rpc_servers_must_be_a_list_of_strings(smol_path: str, bad: object) -> N
         llamaspec.Model(smol_path, rpc_servers=bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", [-1.0, "2", float("nan")])
-def test_invalid_rpc_timeout(smol_path: str, bad: object) -> None:
+@pytest.mark.parametrize("bad", [-1.0, "2", float("nan"), float("inf"), 1e9, True])
+@pytest.mark.parametrize("servers", [["127.0.0.1:1"], None])
+def test_invalid_rpc_timeout(smol_path: str, bad: object, servers: list[str] | None) -> None:
     with pytest.raises(InvalidOptionError, match="rpc_timeout"):
-        llamaspec.Model(smol_path, rpc_servers=["127.0.0.1:1"], rpc_timeout=bad)  # type: ignore[arg-type]
+        llamaspec.Model(smol_path, rpc_servers=servers, rpc_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_a_worker_named_twice(smol_path: str) -> None:
+    with pytest.raises(InvalidOptionError, match="twice"):
+        llamaspec.Model(smol_path, rpc_servers=["127.0.0.1:50052", "127.0.0.1:50052"])
 
 
 def test_unreachable_worker_is_a_load_error_naming_it(smol_path: str) -> None:
@@ -202,19 +208,30 @@ def test_worker_killed_mid_generation(smol_path: str, tmp_path: Path) -> None:
         local.close()
 
 
-def test_hung_worker_ends_the_call_within_rpc_timeout(smol_path: str, tmp_path: Path) -> None:
-    worker = Worker(tmp_path)
+def test_hung_worker_ends_the_call_within_rpc_timeout(smol_path: str, workers: list[Worker]) -> None:
+    # two workers (llama.cpp then pipelines the split with events), the second one stopped: the call
+    # ends once, one timeout after, not one timeout per event
+    with llamaspec.Model(smol_path, rpc_servers=[w.endpoint for w in workers], rpc_timeout=2) as model, \
+            llamaspec.Generator(model, n_ctx=512, n_threads=1) as g:
+        t_stop = 0.0
+        with pytest.raises(BackendError, match=workers[1].endpoint):
+            for i, _ in enumerate(g.stream_events(PROMPT, 400, temperature=0)):
+                if i == 3:
+                    os.kill(workers[1].proc.pid, signal.SIGSTOP)
+                    t_stop = time.monotonic()
+        waited = time.monotonic() - t_stop
+        assert 1.5 < waited < 4.5, waited
+        with pytest.raises(BackendError):  # and at once from then on
+            t0 = time.monotonic()
+            g.generate(PROMPT, 5, temperature=0)
+        assert time.monotonic() - t0 < 1.5
+
+
+def test_worker_bound_by_host_name(smol_path: str, tmp_path: Path) -> None:
+    worker = Worker(tmp_path, host="localhost")  # resolved to 127.0.0.1 (ggml binds IPv4 addresses)
     try:
-        with llamaspec.Model(smol_path, rpc_servers=[worker.endpoint], rpc_timeout=2) as model, \
-                llamaspec.Generator(model, n_ctx=512, n_threads=1) as g:
-            t_stop = 0.0
-            with pytest.raises(BackendError, match="rpc_timeout"):
-                for i, _ in enumerate(g.stream_events(PROMPT, 400, temperature=0)):
-                    if i == 3:
-                        os.kill(worker.proc.pid, signal.SIGSTOP)
-                        t_stop = time.monotonic()
-            waited = time.monotonic() - t_stop
-            assert 1.5 < waited < 6, waited
+        with llamaspec.Model(smol_path, rpc_servers=[worker.endpoint]) as model:
+            assert len(greedy(model, 8)) == 8
     finally:
         worker.stop()
 

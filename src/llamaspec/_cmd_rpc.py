@@ -36,7 +36,7 @@ def rpc_server(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         p.error(f"--port must be in 1-65535, got {a.port}")
     if a.threads is not None and a.threads < 1:
         p.error(f"--threads must be >= 1, got {a.threads}")
-    if a.host not in ("127.0.0.1", "localhost"):
+    if not a.host.startswith("127.") and a.host != "localhost":
         print(f"llamaspec rpc-server: warning: binding to {a.host}. {WARNING}", file=sys.stderr)
     failed: list[BaseException] = []
 

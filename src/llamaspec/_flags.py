@@ -114,7 +114,8 @@ def add_context_arguments(g: argparse._ArgumentGroup, ctx_help: str) -> None:
         dest="rpc_servers",
         metavar="HOST:PORT,...",
         type=lambda s: [e.strip() for e in s.split(",") if e.strip()],
-        help="llama.cpp RPC workers (`llamaspec rpc-server`) that hold the offloaded layers",
+        help="llama.cpp RPC workers (`llamaspec rpc-server`) that hold the offloaded layers (and the draft "
+        "model's)",
     )
     g.add_argument(
         "--rpc-timeout",
@@ -267,11 +268,13 @@ def open_session(
     p_min: float,
     n_seq: int,
     n_ctx: int,
+    draft_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> tuple[Generator | Speculative, str]:
     """The session the flags describe: (session, method name or "none"). With no --method, MTP when
     the model has MTP layers, a draft model when one is given, else plain decoding; --n-draft 0 or
-    --method none is plain decoding. ``options`` go to the session as they are (n_threads, ...)."""
+    --method none is plain decoding. ``draft_options`` load the draft model (as Model options);
+    ``options`` go to the session as they are (n_threads, ...)."""
     if method is None:
         method = "mtp" if model.has_mtp else ("draft" if draft_model else "none")
     if method == "none" or n_draft == 0:
@@ -283,6 +286,7 @@ def open_session(
         n_draft_min=n_draft_min,
         p_min=p_min,
         draft_model=draft_model,
+        draft_options=draft_options if draft_model is not None else None,
         n_ctx=n_ctx,
         n_seq=n_seq,
         **options,
@@ -294,11 +298,14 @@ def session_from_args(model: Model, a: Any, n_ctx: int, n_seq: int = 1,
                       **options: Any) -> tuple[Generator | Speculative, str]:
     """:func:`open_session` with the drafter, threads and batch settings of ``a``: the parsed flags,
     or any object with those attributes (method, draft_model, n_draft, n_draft_min, p_min, n_threads,
-    n_threads_batch, n_batch, n_ubatch), e.g. the server's config; ``options`` go to the session too."""
+    n_threads_batch, n_batch, n_ubatch, rpc_servers, rpc_timeout), e.g. the server's config; ``options``
+    go to the session too. With --rpc, the draft model goes on the same workers (as upstream's)."""
+    rpc = list(a.rpc_servers or ())
     return open_session(
         model,
         method=a.method,
         draft_model=a.draft_model,
+        draft_options={"rpc_servers": rpc, "rpc_timeout": a.rpc_timeout} if rpc else None,
         n_draft=a.n_draft,
         n_draft_min=a.n_draft_min,
         p_min=a.p_min,

@@ -26,6 +26,8 @@ def _rpc_servers(servers: Sequence[str] | None) -> list[str]:
         return []
     if not isinstance(servers, (list, tuple)) or not all(isinstance(s, str) for s in servers):
         raise InvalidOptionError('rpc_servers must be a list of "host:port" strings')
+    if len(set(servers)) != len(servers):
+        raise InvalidOptionError(f"rpc_servers names a worker twice: {list(servers)}")
     return list(servers)
 
 
@@ -127,8 +129,10 @@ class Model:
         for name, iv in (("n_gpu_layers", n_gpu_layers), ("main_gpu", main_gpu)):
             if isinstance(iv, bool) or not isinstance(iv, int):
                 raise InvalidOptionError(f"{name} must be an int")
-        if isinstance(rpc_timeout, bool) or not isinstance(rpc_timeout, (int, float)):
-            raise InvalidOptionError("rpc_timeout must be a number of seconds")
+        if (isinstance(rpc_timeout, bool) or not isinstance(rpc_timeout, (int, float))
+                or not 0 <= rpc_timeout <= 86400):
+            raise InvalidOptionError(
+                f"rpc_timeout must be between 0 (none) and 86400 seconds, not {rpc_timeout!r}")
         if split_mode not in ("none", "layer", "row"):
             raise InvalidOptionError(f"split_mode must be 'none', 'layer' or 'row'; got {split_mode!r}")
         splits = [float(x) for x in tensor_split] if tensor_split is not None else []

@@ -9,6 +9,7 @@ the worker and read what it holds. Bind it to 127.0.0.1 (the default) or a netwo
 from __future__ import annotations
 
 import os
+import socket
 
 from . import _native
 from .errors import InvalidOptionError, LlamaspecError
@@ -31,18 +32,23 @@ def serve(
     stop: end the process to stop it). The GIL is released while it runs.
 
     Args:
-        host: the address to bind to; 127.0.0.1 keeps the worker private to this machine.
+        host: the IPv4 address (or a host name, resolved here) to bind to; 127.0.0.1 keeps the
+            worker private to this machine.
         port: the TCP port.
         threads: CPU threads for the computations (default: half the cores, as upstream).
         cache_dir: where to keep tensors a client sent, so that the next load sends only their
             hashes (upstream's ``--cache``); None: no cache.
 
     Raises:
-        InvalidOptionError: a bad host, port or thread count.
+        InvalidOptionError: a bad or unresolvable host, port or thread count.
         LlamaspecError: the socket could not be made (the address is in use, say); ggml printed why.
     """
     if not isinstance(host, str) or not host or any(c in host for c in " /:"):
         raise InvalidOptionError(f"host must be a host name or IPv4 address, not {host!r}")
+    try:
+        address = socket.gethostbyname(host)  # ggml binds an IPv4 address only
+    except OSError as e:
+        raise InvalidOptionError(f"host {host!r} does not resolve to an IPv4 address ({e})") from None
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise InvalidOptionError(f"port must be an int in 1-65535, not {port!r}")
     if threads is None:
@@ -52,5 +58,5 @@ def serve(
     cache = os.fspath(cache_dir) if cache_dir is not None else ""
     if cache:
         os.makedirs(cache, exist_ok=True)
-    _native.rpc_serve(f"{host}:{port}", threads, cache)
-    raise LlamaspecError(f"the RPC worker could not serve at {host}:{port} (is the port in use?)")
+    _native.rpc_serve(f"{address}:{port}", threads, cache)
+    raise LlamaspecError(f"the RPC worker could not serve at {address}:{port} (is the port in use?)")

@@ -311,6 +311,7 @@ void register_context(nb::module_ & m) {
         .def("logits",
              [](Context & c) {
                  DirectUse use(c);
+                 c.model()->check_backend(nullptr);  // a failed RPC worker's rows are zeros
                  const float * l = llama_get_logits_ith(c.get(), -1);
                  if (l == nullptr) throw Error(ErrorKind::Generic, "no logits: decode something first");
                  const size_t n = (size_t) c.model()->n_vocab();

@@ -688,7 +688,12 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
         bool all_cancelled = true;
         for (SeqState * s : ready) all_cancelled = all_cancelled && s->c().cancelled.load();
         if (all_cancelled) return;  // the abort reached the draft context's catch-up decode
-        const Error e = drafter_error(core, "the verify batch");
+        Error e = drafter_error(core, "the verify batch");
+        try {
+            check_backends(core);  // the drafter's context on a failed RPC worker: say so
+        } catch (...) {
+            e = current_error();
+        }
         for (SeqState * s : ready) fail(*s, e);
         return;
     }
