@@ -93,6 +93,30 @@ def test_stats_are_consistent(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
         assert (z.iterations, z.drafts_generated, z.tokens_emitted, z.acceptance_rate) == (0, 0, 0, 0.0)
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_token_origin_agrees_with_the_stats(fx_mtp_levels: dict[str, FixtureInfo], level: str) -> None:
+    # each token says how it came: an accepted draft, the target's own token of a step that verified
+    # drafts (one per such step), or a plain step (the first token; steps without a draft)
+    info = fx_mtp_levels[level]
+    with llamaspec.Model(info.path) as m, MTP(m, n_draft=3, n_ctx=512, n_threads=1) as mtp, \
+            llamaspec.Generator(m, n_ctx=512, n_threads=1) as plain:
+        tokens = [e for e in mtp.stream_events("hello", 80, temperature=0) if isinstance(e, llamaspec.Token)]
+        st = mtp.stats()
+        origins = [t.origin for t in tokens]
+        assert origins[0] == "plain"
+        assert origins.count("draft") == st.drafts_accepted
+        assert origins.count("target") == st.iterations - st.draft_length_histogram[0]
+        # the fixture is hybrid: its first token comes from a step of its own (the held-back last
+        # prompt token, ADR 0018), one of the steps without a draft
+        assert origins.count("plain") == st.draft_length_histogram[0]
+        if level == "0":
+            assert "draft" not in origins and "target" in origins
+        # a run of drafts always ends with the target's token: a "draft" is followed by another or by it
+        assert all(b in ("draft", "target") for a, b in zip(origins, origins[1:]) if a == "draft")
+        assert {t.origin for t in plain.stream_events("hello", 20, temperature=0)
+                if isinstance(t, llamaspec.Token)} == {"plain"}
+
+
 def test_stats_readable_mid_stream_from_another_thread(fx_mtp_levels: dict[str, FixtureInfo]) -> None:
     info = fx_mtp_levels["74"]
     with llamaspec.Model(info.path) as m, MTP(m, n_draft=4, n_ctx=2048, n_threads=1) as mtp:

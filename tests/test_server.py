@@ -216,6 +216,39 @@ def test_stream_equals_non_stream_with_usage(plain: Server) -> None:
     )
 
 
+def test_token_origin_over_http(plain: Server, spec: Server) -> None:
+    # return_token_origin: each chunk says how its tokens came; without it the chunks are unchanged
+    kinds = {"draft", "target", "plain"}
+    body: dict[str, Any] = {"model": "x", "prompt": PROMPT, "max_tokens": 40, "temperature": 0}
+    for server in (plain, spec):
+        c = client(server)
+        whole = c.completions.create(**body)
+        chunks = list(c.completions.create(stream=True, extra_body={"return_token_origin": True}, **body))
+        origins = [o for ch in chunks for o in (ch.model_extra or {}).get("token_origin", [])]
+        assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
+        assert whole.usage is not None and len(origins) == whole.usage.completion_tokens
+        assert set(origins) <= kinds and origins[0] == "plain"
+        if server is plain:
+            assert set(origins) == {"plain"}
+        else:  # SmolLM2 drafting for itself: drafts accepted, each run closed by the target's token
+            assert origins.count("draft") > origins.count("target") > 0
+        bare = list(c.completions.create(stream=True, **body))
+        assert all("token_origin" not in (ch.model_extra or {}) for ch in bare)
+        # chat: the origins travel with the parsed reply's deltas
+        chat = list(c.chat.completions.create(
+            model="x", messages=CHAT, max_tokens=30, temperature=0, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True}, extra_body={"return_token_origin": True}))
+        chat_origins = [o for ch in chat for o in (ch.model_extra or {}).get("token_origin", [])]
+        assert chat[-1].usage is not None and len(chat_origins) == chat[-1].usage.completion_tokens
+        assert set(chat_origins) <= kinds
+        # llama-server's /completion stream
+        with httpx.stream("POST", f"{server.url}/completion", timeout=60, json={
+                "prompt": PROMPT, "n_predict": 40, "temperature": 0, "stream": True,
+                "return_token_origin": True}) as r:
+            lines = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        assert [o for d in lines for o in d.get("token_origin", [])] == origins
+
+
 def test_exact_max_tokens_and_stop_strings(plain: Server, smol: llamaspec.Model) -> None:
     c = client(plain)
     for n in (1, 2, 7):

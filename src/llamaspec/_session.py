@@ -42,6 +42,7 @@ from .model import Model
 from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats
 
 _S = TypeVar("_S", bound="_StreamingSession")
+_ORIGINS = ("plain", "draft", "target")  # a Token's origin, by the native Origin's value (call.h)
 
 Prompt = str | Sequence[int] | ChatPrompt
 Messages = Sequence[Mapping[str, Any]]
@@ -283,10 +284,11 @@ class _StreamingSession:
     def _convert(self, ev: tuple[Any, ...]) -> Event:
         kind = ev[0]
         if kind == 0:
-            if len(ev) == 3:
-                return Token(ev[1], ev[2])
-            top = tuple(TopLogprob(i, b.decode("utf-8", "replace"), lp, b) for i, b, lp in ev[4])
-            return Token(ev[1], ev[2], ev[3], top)
+            origin = _ORIGINS[ev[3]]
+            if len(ev) == 4:
+                return Token(ev[1], ev[2], origin=origin)
+            top = tuple(TopLogprob(i, b.decode("utf-8", "replace"), lp, b) for i, b, lp in ev[5])
+            return Token(ev[1], ev[2], ev[4], top, origin)
         if kind == 1:
             return EndOfGeneration()
         if kind == 4:

@@ -51,12 +51,17 @@ class Token:
         top_logprobs: with ``logprobs=True``, the ``top_logprobs`` most likely tokens at this
             position by the same measure, most likely first (ties by id; after the sampler's filters
             only tokens it left a chance); else None.
+        origin: how it was produced: "draft" (a drafted token the target accepted), "target" (the
+            target's own token in a step that verified drafts: the correction after a rejected
+            draft token, or the extra one after all were accepted) or "plain" (a step without a
+            draft: plain decoding, the first token, a step the drafter sat out).
     """
 
     id: int
     text: str
     logprob: float | None = None
     top_logprobs: tuple[TopLogprob, ...] | None = None
+    origin: str = "plain"
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,14 @@ struct GenStats {
     double tokens_per_second() const { return tokens > 1 && generation_s > 0 ? (tokens - 1) / generation_s : 0.0; }
 };
 
+// How a generated token was produced (Token events; the Python Token's `origin`).
+enum class Origin : uint8_t {
+    Plain = 0,   // a step that verified no draft (plain decoding, or the first token from the prompt)
+    Draft = 1,   // a drafted token the target accepted
+    Target = 2,  // the target's own token in a step that verified a draft: the correction after a
+                 // rejected draft token, or the extra token after all of them were accepted
+};
+
 struct Event {
     enum Kind { Token = 0, EndOfGeneration = 1, Done = 2, Failure = 3, PromptProgress = 4 };
     Kind kind;
@@ -63,6 +71,7 @@ struct Event {
     int32_t processed = 0;
     // Token of a call with logprobs on: the token's log-probability and the top candidates.
     std::optional<TokenProbs> probs = std::nullopt;
+    Origin origin = Origin::Plain;  // Token
 };
 
 // A blocking FIFO between the engine (push) and the consumer (pop with a timeout). An asyncio
@@ -121,7 +130,7 @@ public:
                  std::set<llama_token> preserved = {})
         : vocab_(vocab), queue_(queue), stop_(std::move(stops)), preserved_(std::move(preserved)) {}
     // Emits a token (with its probabilities, when asked for); returns true when a stop string ended the text.
-    bool token(llama_token id, bool last, std::optional<TokenProbs> probs = std::nullopt);
+    bool token(llama_token id, bool last, std::optional<TokenProbs> probs = std::nullopt, Origin origin = Origin::Plain);
     // The model ended by itself: release whatever is held into the last token event.
     void end_of_generation();
     // Generation stops for another reason (cancel, error): push what is deferred as it is.
@@ -162,7 +171,7 @@ struct CallState {
     // stop-string checks and the first/last-token times. Returns the finish reason when the call is
     // over ("stop" | "length"), else nullptr.
     const char * emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id,
-                      std::optional<TokenProbs> probs = std::nullopt);
+                      std::optional<TokenProbs> probs = std::nullopt, Origin origin = Origin::Plain);
     // Sets stats.generation_s from the first and last token times.
     void close_window() { stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0; }
     // Pushes Done with the call's stats and extra figures.

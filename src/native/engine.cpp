@@ -435,7 +435,8 @@ void Engine::run_loop(std::vector<std::unique_ptr<SeqState>> & seqs) {
     }
 }
 
-const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> & probs) {
+const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> & probs,
+                                 size_t n_drafted) {
     CallState & c = s.c();
     const llama_vocab * vocab = core_->tgt->model()->vocab();
     const int32_t before = c.stats.tokens;
@@ -444,7 +445,10 @@ const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & 
         const llama_token id = ids[i];
         if (s.id_last >= 0) s.prompt_tgt.push_back(s.id_last);  // decoded by the pass that sampled `id`
         s.id_last = id;
-        reason = c.emit(s.emitter, vocab, id, i < probs.size() ? std::optional<TokenProbs>(std::move(probs[i])) : std::nullopt);
+        // ids: the accepted drafts, then the target's own token
+        const Origin origin = n_drafted == 0 ? Origin::Plain : i + 1 < ids.size() ? Origin::Draft : Origin::Target;
+        reason = c.emit(s.emitter, vocab, id, i < probs.size() ? std::optional<TokenProbs>(std::move(probs[i])) : std::nullopt,
+                        origin);
         if (c.stats.tokens > before && !s.generating) {
             s.generating = true;
             if (n_generating_++ == 0) t_gen_first_ = c.t_first;
@@ -548,7 +552,7 @@ void Engine::prefill_chunk(SeqState & s) {
     s.delta.sample_us += sample_us;
     shared_.sample_us += sample_us;
     s.n_past = n_prefix;
-    if (const char * reason = emit_tokens(s, ids, probs)) retire(s, reason);
+    if (const char * reason = emit_tokens(s, ids, probs, 0)) retire(s, reason);
 }
 
 void Engine::iterate(std::vector<SeqState *> & ready) {
@@ -754,7 +758,7 @@ void Engine::iterate(std::vector<SeqState *> & ready) {
             s->n_past += 1 + (llama_pos) n_acc;
 
             // emit, exactly up to max_tokens, an end-of-generation token or a stop string
-            if (const char * reason = emit_tokens(*s, ids, probs)) {
+            if (const char * reason = emit_tokens(*s, ids, probs, s->draft.size())) {
                 retire(*s, reason);
                 continue;
             }

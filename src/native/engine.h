@@ -122,7 +122,9 @@ private:
     // Emits sampled tokens up to the call's end, each with its probabilities when `probs` has them (one
     // per id, as sample_and_accept fills it when the call asked; empty otherwise); returns the finish
     // reason, or nullptr.
-    const char * emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> & probs);
+    // n_drafted: the draft tokens the step verified (0: a plain step); sets each token's Origin
+    const char * emit_tokens(SeqState & s, const std::vector<llama_token> & ids, std::vector<TokenProbs> & probs,
+                             size_t n_drafted);
     void retire(SeqState & s, const char * reason);
     // At a call's end (reason nullptr: it failed): tells the prompt cache what its sequence holds.
     void keep_cache(SeqState & s, const char * reason);

@@ -160,46 +160,56 @@ async def _completion_prompts(s: ServedModel, prompt: Any) -> list[list[int]]:
     return [await asyncio.to_thread(one, prompt)]
 
 
-class _StreamLogprobs:
-    """Log-probabilities of a stream: each token's entry waits for the chunk that carries its text (a
-    token whose text is held back joins the next one's chunk; in a chat stream, the next chunk of the
-    parsed reply); entries of tokens whose text never comes (a stop string's) are dropped, as in a
-    whole response."""
+class _StreamTokens:
+    """What a stream's chunks say about their tokens, when asked: log-probabilities (the choice's
+    ``logprobs``) and origins (the chunk's ``token_origin``). Each token's entries wait for the chunk
+    that carries its text (a token whose text is held back joins the next one's chunk; in a chat
+    stream, the next chunk of the parsed reply); entries of tokens whose text never comes (a stop
+    string's) are dropped, as in a whole response."""
 
-    def __init__(self, piece: Callable[[int], bytes], post_sampling: bool) -> None:
+    def __init__(
+        self, piece: Callable[[int], bytes], post_sampling: bool, logprobs: bool, origin: bool
+    ) -> None:
         self._piece = piece
         self._post = post_sampling
-        self._pending: list[dict[str, Any]] = []
+        self._logprobs: list[dict[str, Any]] | None = [] if logprobs else None
+        self._origin: list[str] | None = [] if origin else None
 
     def add(self, ev: Token) -> None:
-        """Hold this token's entry for the next chunk."""
-        self._pending.append(token_logprobs(ev, self._piece(ev.id), self._post))
+        """Hold this token's entries for the next chunk."""
+        if self._logprobs is not None:
+            self._logprobs.append(token_logprobs(ev, self._piece(ev.id), self._post))
+        if self._origin is not None:
+            self._origin.append(ev.origin)
 
-    def flush(self) -> list[dict[str, Any]]:
-        """The entries held for the chunk being sent."""
-        out, self._pending = self._pending, []
-        return out
+    def flush(self) -> tuple[list[dict[str, Any]] | None, dict[str, list[str]]]:
+        """The chunk being sent: its log-probability entries (None when not asked for) and its
+        top-level fields (``token_origin`` when asked for)."""
+        lp, self._logprobs = self._logprobs, [] if self._logprobs is not None else None
+        origin, self._origin = self._origin, [] if self._origin is not None else None
+        return lp, {} if origin is None else {"token_origin": origin}
 
-    def take(self, ev: Token) -> list[dict[str, Any]] | None:
-        """The entries to send with this token's chunk, or None while its text is held back."""
+    def take(self, ev: Token) -> tuple[list[dict[str, Any]] | None, dict[str, list[str]]] | None:
+        """flush() for this token's chunk, or None while its text is held back."""
         self.add(ev)
         return self.flush() if ev.text else None
 
 
-def _stream_logprobs(s: ServedModel, req: Sampling) -> _StreamLogprobs | None:
-    if req.top_candidates() is None:
+def _stream_tokens(s: ServedModel, req: Sampling) -> _StreamTokens | None:
+    logprobs = req.top_candidates() is not None
+    if not logprobs and not req.return_token_origin:
         return None
-    return _StreamLogprobs(s.model.token_to_piece, req.post_sampling_probs)
+    return _StreamTokens(s.model.token_to_piece, req.post_sampling_probs, logprobs, req.return_token_origin)
 
 
 async def _openai_stream(
-    env: Envelope, events: AsyncIterator[Event], spec: bool, req: Sampling, probs: _StreamLogprobs | None
+    env: Envelope, events: AsyncIterator[Event], spec: bool, req: Sampling, tokens: _StreamTokens | None
 ) -> AsyncIterator[str]:
     """OpenAI's chunk sequence for a chat or text completion: (chat: the role chunk), a chunk per
     piece of text (chat: per delta of the parsed reply: content, reasoning_content, tool_calls; with
-    the log-probabilities of its tokens when asked for), prompt progress when asked for, the finish
-    chunk with llama-server's timings, the usage chunk with stream_options.include_usage, then
-    [DONE]; an error after the start is an SSE error event."""
+    the log-probabilities and origins of its tokens when asked for), prompt progress when asked for,
+    the finish chunk with llama-server's timings, the usage chunk with stream_options.include_usage,
+    then [DONE]; an error after the start is an SSE error event."""
     piece = env.piece_writer()
     try:
         if env.object == "chat.completion":
@@ -215,20 +225,21 @@ async def _openai_stream(
             if isinstance(ev, PromptProgress):
                 yield sse(env(chunk=True, choices=[], **progress(ev)))
             elif isinstance(ev, Token) and chat:
-                if probs is not None:  # a chat stream's text is the parsed reply's deltas
-                    probs.add(ev)
-            elif isinstance(ev, Token) and probs is not None:
-                entries = probs.take(ev)
-                if entries is not None:
-                    yield sse(env(chunk=True, choices=[env.chunk_choice(ev.text, logprobs=entries)]))
+                if tokens is not None:  # a chat stream's text is the parsed reply's deltas
+                    tokens.add(ev)
+            elif isinstance(ev, Token) and tokens is not None:
+                taken = tokens.take(ev)
+                if taken is not None:
+                    lp, extra = taken
+                    yield sse(env(chunk=True, choices=[env.chunk_choice(ev.text, logprobs=lp)], **extra))
             elif isinstance(ev, Token) and ev.text:
                 yield piece(ev.text)
-            elif isinstance(ev, ContentDelta) and probs is None:
+            elif isinstance(ev, ContentDelta) and tokens is None:
                 yield piece(ev.text)
             elif isinstance(ev, (ContentDelta, ReasoningDelta, ToolCallStart, ToolCallArguments)):
-                lp = None if probs is None else probs.flush()
+                lp, extra = (None, {}) if tokens is None else tokens.flush()
                 choice = env.chunk_choice(None, logprobs=lp, delta=chat_delta(ev))
-                yield sse(env(chunk=True, choices=[choice]))
+                yield sse(env(chunk=True, choices=[choice], **extra))
             elif isinstance(ev, Done):
                 finish = env.chunk_choice(None, finish_reason(ev.stats, ev.message))
                 yield sse(env(chunk=True, choices=[finish], timings=timings(ev.stats, spec)))
@@ -392,7 +403,7 @@ def create_app(
         if req.n != 1:
             raise ApiError(400, "a streamed chat completion takes n = 1")
         events = await start_stream(request, s, calls[0])
-        return EventStream(_openai_stream(env, events, spec, req, _stream_logprobs(s, req)))
+        return EventStream(_openai_stream(env, events, spec, req, _stream_tokens(s, req)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -424,7 +435,7 @@ def create_app(
         if len(calls) != 1:
             raise ApiError(400, "a streamed completion takes one prompt")
         events = await start_stream(request, s, calls[0])
-        return EventStream(_openai_stream(env, events, spec, req, _stream_logprobs(s, req)))
+        return EventStream(_openai_stream(env, events, spec, req, _stream_tokens(s, req)))
 
     # -- llama-server's native completion --------------------------------------------------------------
 
@@ -476,7 +487,7 @@ def create_app(
 
         async def body() -> AsyncIterator[str]:
             r = Result()
-            probs = _stream_logprobs(s, req)
+            tokens = _stream_tokens(s, req)
             partial = {"index": 0, "stop": False, "id_slot": -1}
             try:
                 async for ev in events:
@@ -484,13 +495,16 @@ def create_app(
                     if isinstance(ev, PromptProgress):
                         yield sse({**partial, "content": "", "tokens": [], **progress(ev)})
                     elif isinstance(ev, Token):
-                        entries = probs.take(ev) if probs is not None else None
+                        taken = tokens.take(ev) if tokens is not None else None
                         if not ev.text:
                             continue
                         ids = [ev.id] if req.return_tokens else []
                         chunk = {**partial, "content": ev.text, "tokens": ids}
-                        if entries is not None:
-                            chunk["completion_probabilities"] = entries
+                        if taken is not None:
+                            lp, extra = taken
+                            if lp is not None:
+                                chunk["completion_probabilities"] = lp
+                            chunk.update(extra)
                         yield sse(chunk)
                     elif isinstance(ev, Done):
                         final = native_final(s, calls[0], r, req, stream=True) | {"content": ""}

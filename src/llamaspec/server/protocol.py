@@ -95,6 +95,9 @@ class Sampling(BaseModel):
     ignore_eos: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
+    # a stream's chunks say how each of their tokens was produced: "token_origin", one of "draft",
+    # "target", "plain" per token (llamaspec's field; the OpenAI format is unchanged without it)
+    return_token_origin: bool = False
     cache_prompt: bool = True  # reuse what the sequence holds of the prompt (llama-server's field)
     # log-probabilities: OpenAI's logprobs (chat: a bool with top_logprobs; /v1/completions: the number
     # of top candidates) and llama-server's n_probs (0: off) and post_sampling_probs
