@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, CancelledError, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from . import _native
 from ._log import sync_log_level
@@ -42,7 +42,8 @@ from .model import Model
 from .stats import PromptCacheInfo, PromptCacheRamInfo, SpecStats
 
 _S = TypeVar("_S", bound="_StreamingSession")
-_ORIGINS = ("plain", "draft", "target")  # a Token's origin, by the native Origin's value (call.h)
+# a Token's origin, by the native Origin's value (call.h)
+_ORIGINS: tuple[Literal["plain", "draft", "target"], ...] = ("plain", "draft", "target")
 
 Prompt = str | Sequence[int] | ChatPrompt
 Messages = Sequence[Mapping[str, Any]]

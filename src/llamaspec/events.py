@@ -6,7 +6,7 @@ ReasoningDelta, ToolCallStart and ToolCallArguments; its Done carries the whole 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from .stats import SpecStats
@@ -54,14 +54,16 @@ class Token:
         origin: how it was produced: "draft" (a drafted token the target accepted), "target" (the
             target's own token in a step that verified drafts: the correction after a rejected
             draft token, or the extra one after all were accepted) or "plain" (a step without a
-            draft: plain decoding, the first token, a step the drafter sat out).
+            draft: plain decoding, the first token, a step the drafter sat out). Not part of
+            equality: a token equals the same token produced another way (speculative output
+            compares equal to plain output).
     """
 
     id: int
     text: str
     logprob: float | None = None
     top_logprobs: tuple[TopLogprob, ...] | None = None
-    origin: str = "plain"
+    origin: Literal["draft", "target", "plain"] = field(default="plain", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
