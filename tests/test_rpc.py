@@ -4,6 +4,7 @@ every fault is a typed error and the process survives it."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
@@ -27,6 +28,12 @@ from .server_util import free_port, running, serve_command
 PROMPT = "The three primary colors are"
 
 
+def _die_with_the_tests() -> None:
+    """In the worker, before exec: SIGKILL when the test process dies, so that a test run that
+    crashes leaves no worker behind (Linux's PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
 class Worker:
     """A `llamaspec rpc-server` process on a loopback port."""
 
@@ -36,7 +43,7 @@ class Worker:
         self.log = log_dir / f"rpc-{self.port}-{time.monotonic_ns()}.log"
         self.proc = subprocess.Popen(
             [*serve_command(), "rpc-server", "--host", host, "--port", str(self.port), "--threads", "1"],
-            stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=_die_with_the_tests,
         )
         deadline = time.monotonic() + 30
         while True:  # ready once it accepts a connection (it serves the next client after this one)
