@@ -64,11 +64,7 @@ std::shared_ptr<Model> Model::load(const std::string & path, const ModelOptions 
         // as llama.cpp orders them: the workers first (fewer transfers over the network), then the
         // local GPUs; the list replaces llama.cpp's default (every local GPU), for this model only
         rpc.connect(opts.rpc_servers, opts.rpc_timeout_s, devices);
-        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-            ggml_backend_dev_t d = ggml_backend_dev_get(i);
-            const auto type = ggml_backend_dev_type(d);
-            if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) devices.push_back(d);
-        }
+        for (ggml_backend_dev_t d : local_gpus()) devices.push_back(d);
         devices.push_back(nullptr);
         p.devices = devices.data();
     }

@@ -70,6 +70,16 @@ void RpcWorkers::check() const {
     }
 }
 
+std::vector<ggml_backend_dev_t> local_gpus() {
+    std::vector<ggml_backend_dev_t> out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        const auto type = ggml_backend_dev_type(d);
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) out.push_back(d);
+    }
+    return out;
+}
+
 void register_rpc(nb::module_ & m) {
     m.def(
         "rpc_serve",
@@ -78,13 +88,8 @@ void register_rpc(nb::module_ & m) {
             if (n_threads < 1) throw Error(ErrorKind::InvalidOption, "threads must be at least 1");
             ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
             if (cpu == nullptr) throw Error(ErrorKind::Generic, "this build has no CPU device");
-            // the local accelerators first (as upstream's rpc-server), the CPU where there is none
-            std::vector<ggml_backend_dev_t> devs;
-            for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-                ggml_backend_dev_t d = ggml_backend_dev_get(i);
-                const auto type = ggml_backend_dev_type(d);
-                if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) devs.push_back(d);
-            }
+            // the local accelerators (as upstream's rpc-server), the CPU where there is none
+            std::vector<ggml_backend_dev_t> devs = local_gpus();
             if (devs.empty()) devs.push_back(cpu);
             nb::gil_scoped_release nogil;
             // returns only when the socket cannot be made (it printed why); serves until killed

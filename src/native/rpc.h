@@ -37,6 +37,10 @@ private:
     std::vector<uint64_t> failures_;  // ggml's failure count of each endpoint when it connected
 };
 
+// This process's GPUs (integrated ones included), in ggml's order: where llama.cpp offloads by
+// default, and what a worker serves.
+std::vector<ggml_backend_dev_t> local_gpus();
+
 void register_rpc(nanobind::module_ & m);
 
 }  // namespace llamaspec
