@@ -33,7 +33,7 @@ import urllib.request
 import contextlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import llamaspec
 from llamaspec_fixtures import SPEED, FixtureInfo, write_qwen35_fixture
@@ -119,8 +119,9 @@ def upstream_for(args: argparse.Namespace, bin_dir: Path, model: str, threads: i
 T = TypeVar("T")
 
 
-def ours_rate(session: llamaspec.Generator | llamaspec.Speculative, prompt: str, n: int) -> float:
-    session.generate(prompt, n, temperature=0)
+def ours_rate(session: llamaspec.Generator | llamaspec.Speculative, prompt: str, n: int, **call: Any) -> float:
+    """Greedy tokens/s of one call (``call``: more of generate's options, e.g. logit_bias)."""
+    session.generate(prompt, n, temperature=0, **call)
     assert session.last_stats is not None
     return session.last_stats.tokens_per_second
 

@@ -33,7 +33,7 @@ import llamaspec
 from llamaspec_fixtures import SPEED, write_qwen35_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mtp_speed import med, upstream_mtp, upstream_plain  # noqa: E402
+from mtp_speed import med, ours_rate, upstream_mtp, upstream_plain  # noqa: E402
 from plain_decode import eog_bias, smollm2  # noqa: E402
 from upstream import build_tools, emit_report, free_port, timed  # noqa: E402
 
@@ -61,13 +61,6 @@ def worker(threads: int) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
-
-
-def ours(session: llamaspec.Generator | llamaspec.Speculative, prompt: str, n: int,
-         bias: dict[int, float]) -> float:
-    session.generate(prompt, n, temperature=0, logit_bias=bias)
-    assert session.last_stats is not None
-    return session.last_stats.tokens_per_second
 
 
 def main() -> None:
@@ -103,13 +96,13 @@ def main() -> None:
                 g_rpc = stack.enter_context(llamaspec.Generator(remote, **opts))
                 up = ("--rpc", theirs, "-ngl", "99")
                 sides: dict[str, Callable[[], float]] = {
-                    "local": lambda: ours(g_local, prompt, args.tokens, bias),
-                    "rpc": lambda: ours(g_rpc, prompt, args.tokens, bias),
+                    "local": lambda: ours_rate(g_local, prompt, args.tokens, logit_bias=bias),
+                    "rpc": lambda: ours_rate(g_rpc, prompt, args.tokens, logit_bias=bias),
                     "up": lambda: upstream_plain(bin_dir, path, prompt, args.tokens, threads, args.timeout, up),
                 }
                 if info:
                     mtp = stack.enter_context(llamaspec.MTP(remote, n_draft=N_DRAFT, **opts))
-                    sides["mtp"] = lambda: ours(mtp, prompt, args.tokens, bias)
+                    sides["mtp"] = lambda: ours_rate(mtp, prompt, args.tokens, logit_bias=bias)
                     sides["up_mtp"] = lambda: upstream_mtp(bin_dir, path, prompt, args.tokens, threads, N_DRAFT,
                                                            args.timeout, up)[0]
                 for s in (g_local, g_rpc, *([mtp] if info else [])):
