@@ -62,6 +62,7 @@ from .protocol import (
     usage,
 )
 from .streaming import EventStream, Result, collect_all, sse, sse_error, start_stream
+from .webui import add_webui
 
 logger = logging.getLogger("llamaspec.server")
 
@@ -340,7 +341,9 @@ def create_app(
 
     # -- the front door (guard.py) and errors --------------------------------------------------------
 
-    app.add_middleware(Guard, keys=cfg.api_key, cors_origins=cfg.cors_origins)
+    app.add_middleware(Guard, keys=cfg.api_key, cors_origins=cfg.cors_origins, webui=cfg.webui)
+    if cfg.webui:
+        add_webui(app)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, e: ApiError) -> JSONResponse:

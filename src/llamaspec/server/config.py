@@ -38,6 +38,7 @@ class ServerConfig:
     api_key: tuple[str, ...] = ()
     metrics: bool = False
     slots: bool = True
+    webui: bool = True  # the chat page at / (webui.py)
     cors_origins: tuple[str, ...] = ()
     queue: int = 64
     n_seq: int = 4
@@ -83,12 +84,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key",
         action="append",
         default=[],
-        help="require 'Authorization: Bearer KEY' (or X-Api-Key) on every route but /health; may be repeated",
+        help="require 'Authorization: Bearer KEY' (or X-Api-Key) on every route but /health and the chat "
+        "page (which asks for it); may be repeated",
     )
     net.add_argument("--api-key-file", help="a file with one API key per line")
     net.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     net.add_argument("--no-slots", dest="slots", action="store_false", help="disable /slots")
     net.add_argument("--slots", dest="slots", action="store_true", help="enable /slots (the default)")
+    net.add_argument("--no-webui", dest="webui", action="store_false",
+                     help="do not serve the chat page at / (served by default, public even with an API key)")
     net.add_argument(
         "--cors-origins",
         default="",
@@ -218,6 +222,7 @@ def config_from_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serve
         api_key=tuple(keys),
         metrics=a.metrics,
         slots=a.slots,
+        webui=a.webui,
         cors_origins=tuple(o.strip() for o in a.cors_origins.split(",") if o.strip()),
         queue=a.queue,
         n_seq=a.n_seq,

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .protocol import ApiError
+from .webui import is_public
 
 MAX_BODY = 8 * 1024 * 1024
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
@@ -36,12 +37,15 @@ class Guard:
     - CORS: with ``cors_origins``, those origins (``*``: any); otherwise, with an API key, any origin
       (every route but /health needs the key, as with llama-server); without a key, only localhost
       origins, so that a web page a user opens cannot drive a local server.
-    - API key: ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``, compared in constant time.
+    - API key: ``Authorization: Bearer KEY`` or ``X-Api-Key: KEY``, compared in constant time; not
+      asked of /health, nor (with ``webui``) of the chat page and its assets, which ask for it.
     - Bodies over MAX_BODY: 413 from the Content-Length (the app also counts what it reads).
     """
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...] = (), cors_origins: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...] = (), cors_origins: tuple[str, ...] = (),
+                 webui: bool = False) -> None:
         self.app = app
+        self.webui = webui  # the page and its assets are public: the page asks for the key
         self.keys = [k.encode() for k in keys]
         self.cors_origins = cors_origins
 
@@ -64,7 +68,8 @@ class Guard:
         ]
 
     def refuse(self, scope: Scope, headers: Headers) -> ApiError | None:
-        if self.keys and scope["path"] not in PUBLIC_PATHS:
+        public = scope["path"] in PUBLIC_PATHS or (self.webui and is_public(scope["path"]))
+        if self.keys and not public:
             given = headers.get("authorization", "")
             token = given[7:].strip() if given[:7].lower() == "bearer " else headers.get("x-api-key", "")
             if not any(hmac.compare_digest(token.encode(), k) for k in self.keys):
