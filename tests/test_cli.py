@@ -16,6 +16,7 @@ import sys
 import termios
 import time
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pyte
 import pytest
@@ -327,9 +328,10 @@ def test_help_is_complete(command: str) -> None:
 # -- bench ---------------------------------------------------------------------------------------
 
 
-def test_bench_compares_plain_and_each_draft_length(fx_info: FixtureInfo) -> None:
+def test_bench_compares_plain_and_each_draft_length(fx_info: FixtureInfo, tmp_path: Path) -> None:
+    plot = tmp_path / "bench.svg"
     r = cli("bench", fx_info.path, "--raw", "-p", cycle_prompt(fx_info), "-n", "32", "-r", "2",
-            "--n-draft", "auto", "3", "--json")
+            "--n-draft", "auto", "3", "--json", "--plot", str(plot))
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["methods"] == ["mtp"] and d["runs"] == 2 and d["tokens"] == 32
@@ -341,6 +343,20 @@ def test_bench_compares_plain_and_each_draft_length(fx_info: FixtureInfo) -> Non
     for row in rows.values():
         assert row["tokens_per_second"] > 0
         assert row["vs_plain"] == pytest.approx(row["tokens_per_second"] / rows["plain"]["tokens_per_second"])
+    # --plot: the same rows as an SVG, a panel of tokens/s and one of acceptance, a point per figure
+    svg = ElementTree.parse(plot).getroot()
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    panels = {g.get("data-panel"): g for g in svg.iterfind("s:g", ns)}
+    assert list(panels) == ["tokens_per_second", "acceptance_rate"]
+    rates = [t.text for t in panels["tokens_per_second"].iterfind(".//s:circle/s:title", ns)]
+    assert sorted(rates) == sorted(f"mtp {n}: {rows[f'mtp {n}']['tokens_per_second']:.1f} tok/s"
+                                   for n in ("auto", "3"))
+    accepted = [t.text for t in panels["acceptance_rate"].iterfind(".//s:circle/s:title", ns)]
+    assert "mtp 3: 100% accepted" in accepted
+    plain_line = panels["tokens_per_second"].find("s:line/s:title", ns)
+    assert plain_line is not None
+    assert plain_line.text == f"plain: {rows['plain']['tokens_per_second']:.1f} tok/s"
+    assert [p.get("data-method") for p in svg.iterfind(".//s:polyline", ns)] == ["mtp", "mtp"]
     table = cli("bench", fx_info.path, "--raw", "-p", cycle_prompt(fx_info), "-n", "16", "-r", "1",
                 "--n-draft", "2")
     lines = table.stdout.splitlines()
@@ -363,6 +379,7 @@ def test_bench_bad_input(smol_path: str, fx_info: FixtureInfo) -> None:
     one_line_error(cli("bench", smol_path, "-n", "8"), 1, "no MTP layers")  # no drafter to compare
     one_line_error(cli("bench", fx_info.path, "-r", "0"), 2, "--repetitions")
     one_line_error(cli("bench", fx_info.path, "--n-draft", "x"), 2, "'x'")
+    one_line_error(cli("bench", fx_info.path, "--plot", "/no/such/dir/out.svg"), 2, "--plot", "/no/such/dir")
 
 
 # -- chat ----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from ._flags import (
     model_options,
     model_path,
 )
+from ._plot import bench_svg
 from ._terminal import LoadBar, is_terminal
 from .errors import InvalidOptionError
 from .generator import Generator
@@ -52,6 +54,8 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     eng = p.add_argument_group("engine")
     add_context_arguments(eng, "context size (default 0: the prompt and -n, rounded up)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--plot", metavar="OUT.svg",
+                   help="also write the results as an SVG (tokens/s and acceptance per draft length, method)")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
 
 
@@ -95,6 +99,8 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if a.runs < 1:
         p.error(f"-r/--repetitions must be >= 1, got {a.runs}")
     check_context_arguments(p, a)
+    if a.plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(a.plot))):
+        p.error(f"--plot: no such directory: {os.path.dirname(os.path.abspath(a.plot))}")
     if a.file is not None:
         with open(a.file, encoding="utf-8") as f:
             a.prompt = f.read()
@@ -142,6 +148,12 @@ def _measure(a: argparse.Namespace, model: Model, methods: list[str], sides: lis
     rows = [s.row(plain) for s in sides]
     for s, row in zip(sides, rows):
         row["same_text_as_plain"] = s.text == sides[0].text
+    if a.plot is not None:
+        svg = bench_svg(rows, os.path.basename(model.path),
+                        f"{model.description}; prompt {len(ids)} tokens, {a.n_predict} generated, greedy; "
+                        f"medians of {a.runs} rounds")
+        with open(a.plot, "w", encoding="utf-8") as f:
+            f.write(svg)
     if a.json:
         json.dump({"model": model.path, "methods": methods, "prompt_tokens": len(ids), "tokens": a.n_predict,
                    "runs": a.runs, "rows": rows}, sys.stdout, indent=2)
