@@ -200,12 +200,12 @@ function addMessage(role, text) {
   return body;
 }
 
-function addPiece(body, text, origins) {
+function addPiece(body, text, origins, reasoning = false) {
   if (!text) return;
   const span = document.createElement("span");
   const kinds = new Set(origins);
   const kind = kinds.size === 1 ? [...kinds][0] : kinds.size > 1 ? "mixed" : "none";
-  span.className = "tok o-" + kind;
+  span.className = "tok o-" + kind + (reasoning ? " reasoning" : "");
   if (origins.length) span.title = origins.join(", ");
   span.textContent = text;  // text, never HTML
   body.appendChild(span);
@@ -311,7 +311,7 @@ async function send() {
       if (origins.length) countOrigins(a, origins);
       const delta = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
       if (typeof delta.content === "string") { addPiece(out, delta.content, origins); reply += delta.content; }
-      else if (typeof delta.reasoning_content === "string") addPiece(out, delta.reasoning_content, origins);
+      else if (typeof delta.reasoning_content === "string") addPiece(out, delta.reasoning_content, origins, true);
       if (chunk.timings) a.timings = chunk.timings;
       if (chunk.usage && chunk.usage.prompt_tokens_details) a.cached = chunk.usage.prompt_tokens_details.cached_tokens;
       else if (chunk.timings && chunk.timings.cache_n !== undefined) a.cached = chunk.timings.cache_n;
