@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
+from llamaspec_fixtures import FixtureInfo
 
 import llamaspec
 from llamaspec import MTP, BusyError, Done, EndOfGeneration, InvalidOptionError, UnsupportedModelError
-from llamaspec_fixtures import FixtureInfo
 
 from .conftest import proc_threads, settled_threads, token_ids
 
@@ -111,6 +112,13 @@ def test_token_origin_agrees_with_the_stats(fx_mtp_levels: dict[str, FixtureInfo
         # the fixture is hybrid: its first token comes from a step of its own (the held-back last
         # prompt token, ADR 0018), one of the steps without a draft
         assert origins.count("plain") == st.draft_length_histogram[0]
+        # each "target" token says how many drafts its step proposed; the others say 0
+        assert sum(t.drafted for t in tokens) == st.drafts_generated
+        # (3, but for the last steps, whose drafts the tokens still wanted cap): the histogram's counts
+        lengths = Counter(t.drafted for t in tokens if t.origin == "target")
+        assert lengths == {k: n for k, n in enumerate(st.draft_length_histogram) if k > 0 and n > 0}
+        assert max(lengths) == 3
+        assert all(t.drafted == 0 for t in tokens if t.origin != "target")
         if level == "0":
             assert "draft" not in origins and "target" in origins
         # a run of drafts always ends with the target's token: a "draft" is followed by another or by it

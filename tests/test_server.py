@@ -225,6 +225,10 @@ def test_token_origin_over_http(plain: Server, spec: Server) -> None:
         whole = c.completions.create(**body)
         chunks = list(c.completions.create(stream=True, extra_body={"return_token_origin": True}, **body))
         origins = [o for ch in chunks for o in (ch.model_extra or {}).get("token_origin", [])]
+        drafted = [n for ch in chunks for n in (ch.model_extra or {}).get("token_drafted", [])]
+        assert len(drafted) == len(origins)
+        assert all((n > 0) == (o == "target") for o, n in zip(origins, drafted))
+        assert sum(drafted) == (whole.model_extra or {})["timings"].get("draft_n", 0)
         assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
         assert whole.usage is not None and len(origins) == whole.usage.completion_tokens
         assert set(origins) <= kinds and origins[0] == "plain"
@@ -233,7 +237,7 @@ def test_token_origin_over_http(plain: Server, spec: Server) -> None:
         else:  # SmolLM2 drafting for itself: drafts accepted, each run closed by the target's token
             assert origins.count("draft") > origins.count("target") > 0
         bare = list(c.completions.create(stream=True, **body))
-        assert all("token_origin" not in (ch.model_extra or {}) for ch in bare)
+        assert all(not {"token_origin", "token_drafted"} & set(ch.model_extra or {}) for ch in bare)
         # chat: the origins travel with the parsed reply's deltas
         chat = list(c.chat.completions.create(
             model="x", messages=CHAT, max_tokens=30, temperature=0, stream=True,  # type: ignore[arg-type]

@@ -286,10 +286,10 @@ class _StreamingSession:
         kind = ev[0]
         if kind == 0:
             origin = _ORIGINS[ev[3]]
-            if len(ev) == 4:
-                return Token(ev[1], ev[2], origin=origin)
-            top = tuple(TopLogprob(i, b.decode("utf-8", "replace"), lp, b) for i, b, lp in ev[5])
-            return Token(ev[1], ev[2], ev[4], top, origin)
+            if len(ev) == 5:
+                return Token(ev[1], ev[2], origin=origin, drafted=ev[4])
+            top = tuple(TopLogprob(i, b.decode("utf-8", "replace"), lp, b) for i, b, lp in ev[6])
+            return Token(ev[1], ev[2], ev[5], top, origin, ev[4])
         if kind == 1:
             return EndOfGeneration()
         if kind == 4:

@@ -57,6 +57,9 @@ class Token:
             draft: plain decoding, the first token, a step the drafter sat out). Not part of
             equality: a token equals the same token produced another way (speculative output
             compares equal to plain output).
+        drafted: for a "target" token, how many drafted tokens its verify step proposed (the
+            accepted ones came just before it: drafted minus those were rejected); 0 for the others.
+            Not part of equality.
     """
 
     id: int
@@ -64,6 +67,7 @@ class Token:
     logprob: float | None = None
     top_logprobs: tuple[TopLogprob, ...] | None = None
     origin: Literal["draft", "target", "plain"] = field(default="plain", compare=False)
+    drafted: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,7 +209,8 @@ void TokenEmitter::push_deferred() {
     }
 }
 
-bool TokenEmitter::token(llama_token id, bool last, std::optional<TokenProbs> probs, Origin origin) {
+bool TokenEmitter::token(llama_token id, bool last, std::optional<TokenProbs> probs, Origin origin,
+                         int32_t drafted) {
     bool stopped = false;
     const bool keep = !preserved_.empty() && preserved_.count(id);
     std::string text = stop_.process(utf8_.feed(common_token_to_piece(vocab_, id, keep), last), last, stopped);
@@ -217,6 +218,7 @@ bool TokenEmitter::token(llama_token id, bool last, std::optional<TokenProbs> pr
     Event ev{Event::Token, id, std::move(text), {}, std::nullopt};
     ev.probs = std::move(probs);
     ev.origin = origin;
+    ev.drafted = drafted;
     if (!stopped && !last && (utf8_.has_pending() || stop_.holding())) {
         // Text is held back: keep this event until the next token, so that if the model ends here the
         // held text can still travel with the token that produced it.
@@ -289,7 +291,7 @@ void CallState::finish(const char * reason, std::vector<std::pair<std::string, d
 }
 
 const char * CallState::emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id,
-                             std::optional<TokenProbs> probs, Origin origin) {
+                             std::optional<TokenProbs> probs, Origin origin, int32_t drafted) {
     if (llama_vocab_is_eog(vocab, id)) {
         emitter.end_of_generation();
         queue.push(Event{Event::EndOfGeneration, id, {}, {}, std::nullopt});
@@ -297,7 +299,7 @@ const char * CallState::emit(TokenEmitter & emitter, const llama_vocab * vocab, 
     }
     ++stats.tokens;
     const bool last = stats.tokens == req.max_tokens;
-    const bool stopped = emitter.token(id, last, std::move(probs), origin);
+    const bool stopped = emitter.token(id, last, std::move(probs), origin, drafted);
     t_last = Clock::now();
     if (stats.tokens == 1) {
         t_first = t_last;
@@ -336,12 +338,13 @@ nb::object event_to_python(Event & ev) {
     switch (ev.kind) {
         case Event::Token: {
             const int origin = (int) ev.origin;
-            if (!ev.probs) return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()), origin);
+            if (!ev.probs) return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()), origin, ev.drafted);
             nb::list top;
             for (const TopProb & t : ev.probs->top) {
                 top.append(nb::make_tuple(t.id, nb::bytes(t.piece.data(), t.piece.size()), t.logprob));
             }
-            return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()), origin, ev.probs->logprob, top);
+            return nb::make_tuple(0, ev.id, nb::str(ev.text.data(), ev.text.size()), origin, ev.drafted,
+                                  ev.probs->logprob, top);
         }
         case Event::EndOfGeneration:
             return nb::make_tuple(1, ev.id);

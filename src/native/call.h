@@ -72,6 +72,7 @@ struct Event {
     // Token of a call with logprobs on: the token's log-probability and the top candidates.
     std::optional<TokenProbs> probs = std::nullopt;
     Origin origin = Origin::Plain;  // Token
+    int32_t drafted = 0;            // Token of Origin::Target: the drafts its verify step proposed
 };
 
 // A blocking FIFO between the engine (push) and the consumer (pop with a timeout). An asyncio
@@ -130,7 +131,8 @@ public:
                  std::set<llama_token> preserved = {})
         : vocab_(vocab), queue_(queue), stop_(std::move(stops)), preserved_(std::move(preserved)) {}
     // Emits a token (with its probabilities, when asked for); returns true when a stop string ended the text.
-    bool token(llama_token id, bool last, std::optional<TokenProbs> probs = std::nullopt, Origin origin = Origin::Plain);
+    bool token(llama_token id, bool last, std::optional<TokenProbs> probs = std::nullopt, Origin origin = Origin::Plain,
+               int32_t drafted = 0);
     // The model ended by itself: release whatever is held into the last token event.
     void end_of_generation();
     // Generation stops for another reason (cancel, error): push what is deferred as it is.
@@ -171,7 +173,8 @@ struct CallState {
     // stop-string checks and the first/last-token times. Returns the finish reason when the call is
     // over ("stop" | "length"), else nullptr.
     const char * emit(TokenEmitter & emitter, const llama_vocab * vocab, llama_token id,
-                      std::optional<TokenProbs> probs = std::nullopt, Origin origin = Origin::Plain);
+                      std::optional<TokenProbs> probs = std::nullopt, Origin origin = Origin::Plain,
+                      int32_t drafted = 0);
     // Sets stats.generation_s from the first and last token times.
     void close_window() { stats.generation_s = stats.tokens > 0 ? seconds(t_last - t_first) : 0.0; }
     // Pushes Done with the call's stats and extra figures.

@@ -448,7 +448,7 @@ const char * Engine::emit_tokens(SeqState & s, const std::vector<llama_token> & 
         // ids: the accepted drafts, then the target's own token
         const Origin origin = n_drafted == 0 ? Origin::Plain : i + 1 < ids.size() ? Origin::Draft : Origin::Target;
         reason = c.emit(s.emitter, vocab, id, i < probs.size() ? std::optional<TokenProbs>(std::move(probs[i])) : std::nullopt,
-                        origin);
+                        origin, origin == Origin::Target ? (int32_t) n_drafted : 0);
         if (c.stats.tokens > before && !s.generating) {
             s.generating = true;
             if (n_generating_++ == 0) t_gen_first_ = c.t_first;

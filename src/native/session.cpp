@@ -519,7 +519,7 @@ void register_session(nb::module_ & m) {
                  }
              },
              nb::arg("timeout"), nb::sig("def next(self, timeout: float) -> tuple[typing.Any, ...] | None"),
-             "Next event as (0, id, text, origin[, logprob, top]) | (1, id) | (2, stats) | (4, processed, total, "
+             "Next event as (0, id, text, origin, drafted[, logprob, top]) | (1, id) | (2, stats) | (4, processed, total, "
              "prompt_time, cached) or None after timeout seconds (< 0: no limit, 0: only look). Releases the "
              "GIL while waiting; a failure of the call is raised here.")
         .def("cancel", &Run::cancel,

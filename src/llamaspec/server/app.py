@@ -163,7 +163,8 @@ async def _completion_prompts(s: ServedModel, prompt: Any) -> list[list[int]]:
 
 class _StreamTokens:
     """What a stream's chunks say about their tokens, when asked: log-probabilities (the choice's
-    ``logprobs``) and origins (the chunk's ``token_origin``). Each token's entries wait for the chunk
+    ``logprobs``) and origins (the chunk's ``token_origin``, with ``token_drafted``: for a "target"
+    token the drafts its verify step proposed, else 0). Each token's entries wait for the chunk
     that carries its text (a token whose text is held back joins the next one's chunk; in a chat
     stream, the next chunk of the parsed reply); entries of tokens whose text never comes (a stop
     string's) are dropped, as in a whole response."""
@@ -175,6 +176,7 @@ class _StreamTokens:
         self._post = post_sampling
         self._logprobs: list[dict[str, Any]] | None = [] if logprobs else None
         self._origin: list[str] | None = [] if origin else None
+        self._drafted: list[int] = []
 
     def add(self, ev: Token) -> None:
         """Hold this token's entries for the next chunk."""
@@ -182,15 +184,19 @@ class _StreamTokens:
             self._logprobs.append(token_logprobs(ev, self._piece(ev.id), self._post))
         if self._origin is not None:
             self._origin.append(ev.origin)
+            self._drafted.append(ev.drafted)
 
-    def flush(self) -> tuple[list[dict[str, Any]] | None, dict[str, list[str]]]:
+    def flush(self) -> tuple[list[dict[str, Any]] | None, dict[str, list[Any]]]:
         """The chunk being sent: its log-probability entries (None when not asked for) and its
-        top-level fields (``token_origin`` when asked for)."""
+        top-level fields (``token_origin`` and ``token_drafted`` when asked for)."""
         lp, self._logprobs = self._logprobs, [] if self._logprobs is not None else None
-        origin, self._origin = self._origin, [] if self._origin is not None else None
-        return lp, {} if origin is None else {"token_origin": origin}
+        if self._origin is None:
+            return lp, {}
+        fields: dict[str, list[Any]] = {"token_origin": self._origin, "token_drafted": self._drafted}
+        self._origin, self._drafted = [], []
+        return lp, fields
 
-    def take(self, ev: Token) -> tuple[list[dict[str, Any]] | None, dict[str, list[str]]] | None:
+    def take(self, ev: Token) -> tuple[list[dict[str, Any]] | None, dict[str, list[Any]]] | None:
         """flush() for this token's chunk, or None while its text is held back."""
         self.add(ev)
         return self.flush() if ev.text else None

@@ -96,7 +96,8 @@ class Sampling(BaseModel):
     timings_per_token: bool = False
     return_progress: bool = False
     # a stream's chunks say how each of their tokens was produced: "token_origin", one of "draft",
-    # "target", "plain" per token (llamaspec's field; the OpenAI format is unchanged without it)
+    # "target", "plain" per token, and "token_drafted", the drafts a "target" token's step proposed
+    # (0 for the others) (llamaspec's fields; the OpenAI format is unchanged without them)
     return_token_origin: bool = False
     cache_prompt: bool = True  # reuse what the sequence holds of the prompt (llama-server's field)
     # log-probabilities: OpenAI's logprobs (chat: a bool with top_logprobs; /v1/completions: the number
