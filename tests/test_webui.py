@@ -2,17 +2,20 @@
 driven by selenium (nothing downloads a browser or a driver; scripts/install_browser.sh installs
 both, and .ci/run runs it). A missing browser fails these tests: they never skip.
 
-The server runs the ~74% MTP fixture, so the speculation view has accepted drafts, corrections and
-a known acceptance to show. Screenshots go to build/test-artifacts/.
+`server` runs the ~74% MTP fixture, so the speculation view has accepted drafts, corrections and
+a known acceptance to show; `slow` runs SmolLM2 on one thread (~75 tokens/s), so that a long
+answer is still running when a test stops it. Screenshots go to build/test-artifacts/.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,13 @@ def server(fx_mtp_levels: dict[str, FixtureInfo], logs: Path) -> Iterator[Server
 
 
 @pytest.fixture(scope="module")
+def slow(smol_path: str, logs: Path) -> Iterator[Server]:
+    s = start_server(smol_path, "--metrics", "-np", "2", "-t", "1", "--method", "none", log_dir=logs)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if shutil.which(p) is None]
     if missing:
@@ -86,7 +96,7 @@ def open_page(d: webdriver.Chrome, server: Server) -> None:
     the pages before is dropped."""
     d.get_log("browser")
     d.get(server.url + "/")
-    wait_for("the model line", lambda: "mtp" in d.find_element(By.ID, "model").text)
+    wait_for("the model line", lambda: "sequences" in d.find_element(By.ID, "model").text)
     d.execute_script("document.getElementById('settings').open = true")
 
 
@@ -131,6 +141,20 @@ def urls(text: str) -> set[str]:
     return set(re.findall(r"\w+://[^\s\"'`)]+", text)) - {"http://www.w3.org/2000/svg"}
 
 
+def stream_origins(server: Server, messages: list[dict[str, str]], **kw: Any) -> tuple[list[str], list[int]]:
+    """The token_origin and token_drafted lists of a streamed chat request."""
+    origins: list[str] = []
+    drafted: list[int] = []
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=60, json={
+            "messages": messages, "stream": True, "return_token_origin": True, **kw}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                origins += chunk.get("token_origin", [])
+                drafted += chunk.get("token_drafted", [])
+    return origins, drafted
+
+
 def api_chat(server: Server, messages: list[dict[str, str]], **kw: Any) -> dict[str, Any]:
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={"messages": messages, **kw})
     assert r.status_code == 200, r.text
@@ -153,7 +177,11 @@ def test_page_and_assets_are_served_with_a_strict_policy(server: Server) -> None
     assert sum(len(httpx.get(f"{server.url}/webui/{n}").text.splitlines())
                for n in ("index.html", "app.js", "app.css")) <= 1500
     assert httpx.get(server.url + "/webui/nothing.js").status_code == 404
-    assert httpx.get(server.url + "/webui/../config.py").status_code == 404
+    for raw in ("/webui/../config.py", "/webui/%2e%2e/webui.py", "/webui/app.js/x"):  # sent as they are
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", raw)
+        assert conn.getresponse().status == 404, raw
+        conn.close()
 
 
 def test_no_webui_and_api_key(fx_mtp_levels: dict[str, FixtureInfo], logs: Path) -> None:
@@ -212,6 +240,21 @@ def test_speculation_view_fills(browser: webdriver.Chrome, server: Server) -> No
     ask(browser, "Count with me")
     body = {"temperature": 0, "max_tokens": 120}
     t = api_chat(server, [{"role": "user", "content": "Count with me"}], **body)["timings"]
+    # the same request streamed: acceptance per draft position from its token_origin / token_drafted
+    origins, drafted = stream_origins(server, [{"role": "user", "content": "Count with me"}], **body)
+    proposed, accepted, run = [0] * 4, [0] * 4, 0
+    for o, n in zip(origins, drafted):
+        if o == "draft":
+            run += 1
+        elif o == "target":
+            for i in range(1, n + 1):
+                proposed[i] += 1
+                accepted[i] += i <= run
+            run = 0
+    want = [f"{i}: {round(accepted[i] / proposed[i] * 100)}%" for i in (1, 2, 3)]
+    titles = [e.get_attribute("textContent")
+              for e in browser.find_elements(By.CSS_SELECTOR, "#chart-pos title")]
+    assert titles == want
     # the same greedy request over the API: the page shows its figures
     assert figure(browser, "f-tokens") == "120"
     assert int(figure(browser, "f-accepted")) == t["draft_n_accepted"] > 0
@@ -238,37 +281,54 @@ def test_speculation_view_fills(browser: webdriver.Chrome, server: Server) -> No
     assert {e.get_attribute("class") for e in last.find_elements(By.CSS_SELECTOR, ".tok")} == {"tok o-plain"}
 
 
-def test_stop_cancels_the_request(browser: webdriver.Chrome, server: Server) -> None:
-    open_page(browser, server)
-    set_field(browser, "max_tokens", "1900")
-    set_field(browser, "extra", json.dumps({"ignore_eos": True}))
-    browser.find_element(By.ID, "prompt").send_keys("Go on and on")
-    browser.find_element(By.ID, "send").click()
-    wait_for("the first tokens", lambda: int(figure(browser, "f-tokens")) > 0)
+def idle(server: Server) -> bool:
+    return not any(s["is_processing"] for s in httpx.get(server.url + "/slots").json())
+
+
+def start_long_answer(d: webdriver.Chrome, text: str) -> None:
+    """Send a message whose answer would take ~25 s (1900 tokens at ~75/s); return at its first token."""
+    set_field(d, "max_tokens", "1900")
+    set_field(d, "extra", json.dumps({"ignore_eos": True}))
+    d.find_element(By.ID, "prompt").send_keys(text)
+    d.find_element(By.ID, "send").click()
+    wait_for("the first tokens", lambda: len(d.find_elements(By.CSS_SELECTOR, "#log li.streaming .tok")) > 0)
+
+
+def test_stop_cancels_the_request(browser: webdriver.Chrome, slow: Server) -> None:
+    open_page(browser, slow)
+    start_long_answer(browser, "Go on and on")
     browser.find_element(By.ID, "stop").click()
     wait_for("stopped", lambda: figure(browser, "status") == "stopped", timeout=5)
-
-    def idle() -> bool:
-        slots = httpx.get(server.url + "/slots").json()
-        return not any(s["is_processing"] for s in slots)
-
-    wait_for("every sequence free", idle, timeout=2)
-    assert int(figure(browser, "f-tokens")) < 1900
+    # the server's sequence is free at once, ~25 s before the answer would have ended
+    wait_for("every sequence free", lambda: idle(slow), timeout=2)
+    assert 0 < int(figure(browser, "f-tokens")) < 1900
     # the conversation goes on after a stopped answer (which it keeps, as far as it came)
     set_field(browser, "max_tokens", "8")
     set_field(browser, "extra", "")
     ask(browser, "Shorter")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#turns tbody tr")) == 2
     # Esc stops too
-    set_field(browser, "max_tokens", "1900")
-    set_field(browser, "extra", json.dumps({"ignore_eos": True}))
-    browser.find_element(By.ID, "prompt").send_keys("Once more")
-    browser.find_element(By.ID, "send").click()
-    wait_for("the first tokens", lambda: figure(browser, "status") == "generating…"
-             and len(browser.find_elements(By.CSS_SELECTOR, "#log li.streaming .tok")) > 0)
+    start_long_answer(browser, "Once more")
     browser.find_element(By.ID, "prompt").send_keys(Keys.ESCAPE)
     wait_for("stopped", lambda: figure(browser, "status") == "stopped", timeout=5)
-    wait_for("every sequence free", idle, timeout=2)
+    wait_for("every sequence free", lambda: idle(slow), timeout=2)
+    assert console_errors(browser) == []
+
+
+def test_new_chat_while_streaming(browser: webdriver.Chrome, slow: Server) -> None:
+    open_page(browser, slow)
+    start_long_answer(browser, "Tell me everything")
+    browser.find_element(By.ID, "clear").click()
+    wait_for("every sequence free", lambda: idle(slow), timeout=2)
+    assert browser.find_elements(By.CSS_SELECTOR, "#log li, #turns tbody tr") == []
+    # the new conversation holds nothing of the old one: its answer is the API's to this message alone
+    set_field(browser, "max_tokens", "12")
+    set_field(browser, "temperature", "0")
+    set_field(browser, "extra", "")
+    answer = ask(browser, "Name a colour.")
+    want = api_chat(slow, [{"role": "user", "content": "Name a colour."}], temperature=0, max_tokens=12)
+    assert answer == want["choices"][0]["message"]["content"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#turns tbody tr")) == 1
 
 
 def test_markup_in_an_answer_shows_as_text(browser: webdriver.Chrome, server: Server) -> None:
@@ -288,48 +348,90 @@ def test_bad_settings_and_server_errors_are_shown(browser: webdriver.Chrome, ser
     browser.find_element(By.ID, "prompt").send_keys("Hi" + Keys.ENTER)
     assert "More request fields" in wait_for("the settings error", lambda: figure(browser, "settings-error"))
     assert browser.find_elements(By.CSS_SELECTOR, "#log li") == []  # nothing was sent
-    # a request the server refuses (400): its message is shown, the question can be asked again
+    set_field(browser, "extra", json.dumps({"stream": False}))  # the page's own fields are its own
+    browser.find_element(By.ID, "send").click()
+    assert "sets stream itself" in wait_for("the settings error", lambda: figure(browser, "settings-error"))
+    # a request the server refuses (400): its message is shown, the question is back in the box
     set_field(browser, "extra", json.dumps({"grammar": "root ::= oops"}))
     browser.find_element(By.ID, "send").click()
     wait_for("the error", lambda: figure(browser, "status") == "error")
     assert "error:" in last_answer(browser)
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "Hi"
+    set_field(browser, "extra", "")
+    set_field(browser, "max_tokens", "8")
+    browser.find_element(By.ID, "send").click()
+    wait_for("the answer", lambda: figure(browser, "status") == "done")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#turns tbody tr")) == 2
 
 
-def test_dashboard_keyboard_and_themes(browser: webdriver.Chrome, server: Server) -> None:
-    open_page(browser, server)
-    done = httpx.get(server.url + "/metrics").text
-    requests = next(int(float(line.split()[1])) for line in done.splitlines()
-                    if line.startswith("llamaspec:requests_total "))
+def metric(server: Server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_dashboard_under_load(browser: webdriver.Chrome, slow: Server, server: Server) -> None:
+    open_page(browser, slow)
+    requests = int(metric(slow, "llamaspec:requests_total"))
     tab = browser.find_element(By.ID, "tab-chat")
     tab.send_keys(Keys.ARROW_RIGHT)  # the tabs follow the arrow keys
     assert browser.find_element(By.ID, "view-chat").get_attribute("hidden") is not None
     assert browser.switch_to.active_element.get_attribute("id") == "tab-dash"
     wait_for("the dashboard", lambda: figure(browser, "d-requests") == str(requests))
     assert figure(browser, "d-slots") == "0 / 2"
-    assert figure(browser, "d-acceptance").endswith("%")
-    wait_for("a rate", lambda: figure(browser, "d-rate") not in ("", "–"))
-    shot(browser, "dashboard")
+    assert figure(browser, "d-acceptance") == "–"  # plain decoding: no drafts
+    # a client elsewhere: the dashboard shows its sequence busy and the tokens it generates
+    with ThreadPoolExecutor(1) as pool:
+        job = pool.submit(api_chat, slow, [{"role": "user", "content": "Go"}], max_tokens=250,
+                          ignore_eos=True)
+        wait_for("a busy sequence", lambda: figure(browser, "d-slots") == "1 / 2")
+        wait_for("a rate", lambda: float(figure(browser, "d-rate").replace("–", "0")) > 5)
+        shot(browser, "dashboard")
+        job.result()
+    wait_for("the request counted", lambda: figure(browser, "d-requests") == str(requests + 1))
+    assert figure(browser, "d-tokens") == str(int(metric(slow, "llamacpp:tokens_predicted_total")))
     browser.find_element(By.ID, "tab-dash").send_keys(Keys.ARROW_LEFT)
     assert browser.find_element(By.ID, "view-chat").get_attribute("hidden") is None
+    assert console_errors(browser) == []
+    # a speculative server's dashboard: its acceptance since start
+    open_page(browser, server)
+    browser.find_element(By.ID, "tab-dash").click()
+    accepted = metric(server, "llamacpp:spec_decode_num_accepted_tokens_total")
+    proposed = metric(server, "llamacpp:spec_decode_num_draft_tokens_total")
+    assert proposed > 0
+    want = f"{round(accepted / proposed * 100)}%"
+    wait_for("the acceptance", lambda: figure(browser, "d-acceptance") == want)
 
+
+def test_themes_and_a_narrow_screen(browser: webdriver.Chrome, server: Server) -> None:
     def background() -> str:
         return str(browser.execute_script("return getComputedStyle(document.body).backgroundColor"))
 
-    before = background()
-    browser.find_element(By.ID, "theme").click()
-    assert background() != before
-    shot(browser, "theme-toggled")
-    browser.find_element(By.ID, "theme").click()
-    assert background() == before
-    # 320 px wide: nothing wider than the window
-    browser.set_window_size(320, 700)
     try:
-        width = browser.execute_script("return document.documentElement.scrollWidth")
-        inner = browser.execute_script("return window.innerWidth")
-        assert width <= inner
+        for scheme in ("light", "dark"):  # the system's choice
+            browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+                "features": [{"name": "prefers-color-scheme", "value": scheme}]})
+            open_page(browser, server)
+            dark = background() == "rgb(23, 24, 26)"
+            assert dark == (scheme == "dark")
+            assert browser.find_element(By.ID, "theme").get_attribute("aria-pressed") == str(dark).lower()
+            browser.find_element(By.ID, "theme").click()  # the button overrides it
+            assert (background() == "rgb(23, 24, 26)") != dark
+            shot(browser, f"theme-{scheme}-toggled")
+            browser.find_element(By.ID, "theme").click()
+            browser.execute_script("localStorage.clear()")
+        # a 320 px wide phone: nothing wider than the screen, the chat and the view one above the other
+        browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                {"width": 320, "height": 700, "deviceScaleFactor": 1, "mobile": True})
+        open_page(browser, server)
+        assert browser.execute_script("return window.innerWidth") == 320
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= 320
+        set_field(browser, "max_tokens", "30")
+        ask(browser, "Hello")
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= 320
         shot(browser, "320px")
     finally:
-        browser.set_window_size(1280, 900)
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
     assert console_errors(browser) == []
 
 

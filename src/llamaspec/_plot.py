@@ -9,10 +9,16 @@ its figure, so the file reads in a browser, an editor or a test.
 from __future__ import annotations
 
 from typing import Any
-from xml.sax.saxutils import escape
+from xml.sax.saxutils import escape as _escape
 
 WIDTH, PANEL_H, TOP, LEFT, RIGHT = 640, 220, 56, 56, 130
 COLORS = ["#1a5fb4", "#2e8540", "#c64600", "#813d9c", "#986a44", "#e01b24"]
+
+
+def escape(text: str) -> str:
+    """Text for an SVG element or a double-quoted attribute (control characters dropped: XML 1.0
+    has no place for them)."""
+    return _escape("".join(c for c in text if c >= " " or c in "\t\n"), {'"': "&quot;"})
 
 
 def _x_order(rows: list[dict[str, Any]]) -> list[str]:

@@ -14,6 +14,7 @@ const state = {
   busy: null,        // the running request's AbortController
   turns: [],         // per answer: {tokens, rate, acceptance, cached}
   answer: null,      // the running answer's figures (newAnswer())
+  chat: 0,           // bumped by New chat: an answer still streaming then belongs to no conversation
 };
 
 // -- the server's API -------------------------------------------------------------------------------
@@ -41,6 +42,7 @@ async function errorText(r) {
 }
 
 function askKey(message) {
+  $("key").hidden = false;  // the header's button opens the dialog again after Esc
   $("key-error").textContent = message;
   const d = $("key-dialog");
   if (!d.open) d.showModal();
@@ -66,24 +68,34 @@ async function loadProps() {
 
 // -- one answer's speculation figures ---------------------------------------------------------------
 
+// From the stream's token_origin and token_drafted lists: a verify step is a run of "draft" tokens
+// (accepted drafts) closed by a "target" token, which says how many drafts the step proposed.
 function newAnswer() {
   return {
-    t0: 0, tokens: 0, drafts: 0, samples: [],   // samples: [ms since the first token, tokens, drafts]
-    run: 0, steps: 0, hist: [], plain: 0,        // hist[k]: verify steps that accepted k drafts
+    t0: 0, tokens: 0, drafts: 0, samples: [],  // samples: [ms since the first token, tokens, accepted, proposed]
+    run: 0, steps: 0, accepted: 0, proposed: 0,  // over closed steps (a run cut by a stop string stays open)
+    hist: [],                                    // hist[k]: verify steps that accepted k drafts
+    posProposed: [], posAccepted: [],            // [i]: steps that proposed / accepted a draft at position i
     timings: null, cached: null,
   };
 }
 
-function countOrigins(a, origins) {
+function countOrigins(a, origins, drafted) {
   const now = performance.now();
   if (a.tokens === 0) a.t0 = now;
-  for (const o of origins) {
+  origins.forEach((o, k) => {
     a.tokens += 1;
-    if (o === "draft") { a.drafts += 1; a.run += 1; }
-    else if (o === "target") { a.hist[a.run] = (a.hist[a.run] || 0) + 1; a.steps += 1; a.run = 0; }
-    else a.plain += 1;
-  }
-  a.samples.push([now - a.t0, a.tokens, a.drafts]);
+    if (o === "draft") { a.drafts += 1; a.run += 1; return; }
+    if (o !== "target") return;
+    const n = Math.max(drafted[k] || 0, a.run);
+    a.hist[a.run] = (a.hist[a.run] || 0) + 1;
+    for (let i = 1; i <= n; i++) {
+      a.posProposed[i] = (a.posProposed[i] || 0) + 1;
+      if (i <= a.run) a.posAccepted[i] = (a.posAccepted[i] || 0) + 1;
+    }
+    a.steps += 1; a.accepted += a.run; a.proposed += n; a.run = 0;
+  });
+  a.samples.push([now - a.t0, a.tokens, a.accepted, a.proposed]);
 }
 
 const fmt = (x, d = 1) => (x === null || x === undefined || !isFinite(x) ? "–" : x.toFixed(d));
@@ -98,15 +110,17 @@ function showFigures() {
   $("f-tokens").textContent = String(a.tokens);
   $("f-rate").textContent = fmt(t ? t.predicted_per_second : live);
   $("f-accepted").textContent = String(a.drafts);
-  $("f-acceptance").textContent = t && t.draft_n ? pct(t.draft_n_accepted / t.draft_n) : "–";
-  $("f-mean").textContent = a.steps ? fmt(a.drafts / a.steps, 2) : "–";
+  // the server's figure once the answer is done (it also counts a step a stop string cut short)
+  const acceptance = t ? (t.draft_n ? t.draft_n_accepted / t.draft_n : NaN) : a.accepted / a.proposed;
+  $("f-acceptance").textContent = pct(acceptance);
+  $("f-mean").textContent = a.steps ? fmt(a.accepted / a.steps, 2) : "–";
   $("f-cached").textContent = a.cached === null ? "–" : String(a.cached);
   drawTime(a);
   const hist = Array.from({ length: a.hist.length }, (_, k) => a.hist[k] || 0);
   bars($("chart-hist"), hist, hist.map((_, k) => String(k)), (v) => String(v));
-  const reach = [];
-  for (let i = 1; i < hist.length; i++) reach.push(hist.slice(i).reduce((s, v) => s + v, 0) / a.steps);
-  bars($("chart-pos"), reach, reach.map((_, i) => String(i + 1)), pct, 1);
+  const pos = [];
+  for (let i = 1; i < a.posProposed.length; i++) pos.push((a.posAccepted[i] || 0) / a.posProposed[i]);
+  bars($("chart-pos"), pos, pos.map((_, i) => String(i + 1)), pct, 1);
 }
 
 let drawPending = false;
@@ -130,9 +144,10 @@ function label(svg, x, y, text, anchor = "start") {
   t.textContent = text;
 }
 
-function line(svg, points, cls, box, ymax) {
+function line(svg, points, cls, box, ymax, xmax) {
   if (points.length < 2) return;
-  const [x0, y0, w, h] = box, xmax = points[points.length - 1][0] || 1;
+  const [x0, y0, w, h] = box;
+  xmax = xmax || 1;
   const d = points.map(([x, y], i) =>
     (i ? "L" : "M") + (x0 + (x / xmax) * w).toFixed(1) + " " + (y0 + h - (Math.min(y, ymax) / ymax) * h).toFixed(1));
   el("path", { d: d.join(" "), class: cls }, svg);
@@ -143,24 +158,23 @@ function drawTime(a) {
   svg.replaceChildren();
   const box = [28, 8, 264, 96];
   el("line", { x1: 28, y1: 104, x2: 292, y2: 104, class: "axis" }, svg);
-  // a rate over the last half second at each sample (or since the first token)
-  const rate = [], share = [];
+  // tokens/s and acceptance over the last half second at each sample (or since the first token)
+  const rate = [], acceptance = [];
   let j = 0;
   const s = a.samples;
   for (let i = 1; i < s.length; i++) {
     while (j < i - 1 && s[i][0] - s[j + 1][0] >= 500) j++;
-    const dt = s[i][0] - s[j][0], dn = s[i][1] - s[j][1];
-    if (dt <= 0 || dn <= 0) continue;
-    rate.push([s[i][0], (dn / dt) * 1000]);
-    share.push([s[i][0], (s[i][2] - s[j][2]) / dn]);
+    const dt = s[i][0] - s[j][0], dn = s[i][1] - s[j][1], dp = s[i][3] - s[j][3];
+    if (dt > 0 && dn > 0) rate.push([s[i][0], (dn / dt) * 1000]);
+    if (dp > 0) acceptance.push([s[i][0], (s[i][2] - s[j][2]) / dp]);
   }
   const ymax = Math.max(1, ...rate.map((p) => p[1])) * 1.1;
   label(svg, 24, 14, fmt(ymax, 0), "end");
   label(svg, 24, 104, "0", "end");
   const end = s.length ? s[s.length - 1][0] / 1000 : 0;
   label(svg, 292, 116, fmt(end, 1) + " s", "end");
-  line(svg, rate, "s1", box, ymax);
-  line(svg, share, "s2", box, 1);
+  line(svg, rate, "s1", box, ymax, end * 1000);
+  line(svg, acceptance, "s2", box, 1, end * 1000);
 }
 
 function bars(svg, values, names, show, fixedMax) {
@@ -219,6 +233,9 @@ function number(id, integer) {
   return x;
 }
 
+// what the page needs of every request; "More request fields" may not replace them
+const PAGE_FIELDS = ["messages", "stream", "stream_options", "return_token_origin"];
+
 function requestBody() {
   const body = {
     messages: [],
@@ -242,6 +259,8 @@ function requestBody() {
     let more;
     try { more = JSON.parse(extra); } catch (e) { throw new Error("More request fields: " + e.message); }
     if (typeof more !== "object" || more === null || Array.isArray(more)) throw new Error("More request fields: not a JSON object");
+    const own = Object.keys(more).filter((k) => PAGE_FIELDS.includes(k));
+    if (own.length) throw new Error("More request fields: the page sets " + own.join(", ") + " itself");
     Object.assign(body, more);
   }
   return body;
@@ -264,6 +283,7 @@ async function* sseEvents(response) {
       if (data) yield JSON.parse(data);
     }
   }
+  throw new Error("the stream ended before [DONE]");
 }
 
 function setBusy(controller) {
@@ -286,11 +306,13 @@ async function send() {
     $("settings").open = true;
     return;
   }
+  const chat = state.chat;
   $("prompt").value = "";
   addMessage("user", text);
   const out = addMessage("assistant", "");
   const li = out.parentElement;
   li.classList.add("streaming");
+  $("log").setAttribute("aria-busy", "true");  // screen readers: the answer once, when it is done
   const a = (state.answer = newAnswer());
   showFigures();
   const controller = new AbortController();
@@ -308,7 +330,7 @@ async function send() {
     for await (const chunk of sseEvents(r)) {
       if (chunk.error) throw new Error(chunk.error.message || JSON.stringify(chunk.error));
       const origins = chunk.token_origin || [];
-      if (origins.length) countOrigins(a, origins);
+      if (origins.length) countOrigins(a, origins, chunk.token_drafted || []);
       const delta = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
       if (typeof delta.content === "string") { addPiece(out, delta.content, origins); reply += delta.content; }
       else if (typeof delta.reasoning_content === "string") addPiece(out, delta.reasoning_content, origins, true);
@@ -332,10 +354,16 @@ async function send() {
     }
   } finally {
     li.classList.remove("streaming");
+    $("log").removeAttribute("aria-busy");
     setBusy(null);
   }
-  if (reply || stopped) state.messages.push({ role: "assistant", content: reply });
-  else state.messages.pop();  // nothing came back: the question can be asked again
+  if (chat !== state.chat) return;  // New chat while it streamed: it belongs to no conversation now
+  if (reply || stopped) {
+    state.messages.push({ role: "assistant", content: reply });
+  } else {  // nothing came back (an error, a key to give): the question is back in the box
+    state.messages.pop();
+    if (!$("prompt").value) $("prompt").value = text;
+  }
   addTurn(a);
   showFigures();
   $("prompt").focus();
@@ -363,6 +391,7 @@ function stop() {
 
 function newChat() {
   stop();
+  state.chat += 1;
   state.messages = [];
   state.turns = [];
   state.answer = null;
@@ -377,7 +406,16 @@ function newChat() {
 
 // -- dashboard ---------------------------------------------------------------------------------------
 
-const dash = { timer: null, last: null, rates: [] };
+const dash = { on: false, timer: null, last: null, rates: [] };
+
+// one poll a second while the tab shows, each after the one before has finished; none while the
+// page waits for an API key
+function dashLoop() {
+  if (!dash.on) return;
+  const next = () => { if (dash.on) dash.timer = setTimeout(dashLoop, 1000); };
+  if ($("key-dialog").open) next();
+  else pollDashboard().finally(next);
+}
 
 function parseMetrics(text) {
   const out = {};
@@ -421,9 +459,10 @@ async function pollDashboard() {
   $("d-processing").textContent = fmt(v("llamacpp:requests_processing"), 0);
   $("d-queue").textContent = fmt(v("llamacpp:requests_deferred"), 0);
   $("d-slots").textContent = slots ? busy.length + " / " + slots.length : "–";
-  $("d-acceptance").textContent = pct(v("llamaspec:spec_acceptance_rate"));
+  const proposed = v("llamacpp:spec_decode_num_draft_tokens_total");  // none yet (or plain): "–"
+  $("d-acceptance").textContent = proposed > 0 ? pct(v("llamacpp:spec_decode_num_accepted_tokens_total") / proposed) : "–";
   $("d-cached").textContent = fmt(v("llamacpp:prompt_tokens_cached_total"), 0);
-  $("d-tokens").textContent = fmt(v("llamacpp:tokens_predicted_total"), 0);
+  $("d-tokens").textContent = fmt(generated, 0);
   const svg = $("chart-dash");
   svg.replaceChildren();
   el("line", { x1: 28, y1: 92, x2: 292, y2: 92, class: "axis" }, svg);
@@ -446,18 +485,20 @@ function showTab(name) {
     $(tab).tabIndex = on ? 0 : -1;
     $(view).hidden = !on;
   }
-  clearInterval(dash.timer);
-  dash.timer = null;
-  if (name === "dash") {
+  clearTimeout(dash.timer);
+  dash.on = name === "dash";
+  if (dash.on) {
     dash.last = null;
-    pollDashboard();
-    dash.timer = setInterval(pollDashboard, 1000);
+    dashLoop();
   }
 }
 
 function applyTheme(theme) {
   if (theme) document.documentElement.dataset.theme = theme;
   else delete document.documentElement.dataset.theme;
+  const dark = theme ? theme === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
+  $("theme").setAttribute("aria-pressed", String(dark));
+  $("theme").textContent = dark ? "Light theme" : "Dark theme";
 }
 
 function toggleTheme() {
@@ -484,11 +525,12 @@ function init() {
   }
   $("composer").addEventListener("submit", (e) => { e.preventDefault(); send(); });
   $("prompt").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); send(); }
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) { e.preventDefault(); send(); }
   });
   document.addEventListener("keydown", (e) => { if (e.key === "Escape" && state.busy) { e.preventDefault(); stop(); } });
   $("stop").addEventListener("click", stop);
   $("clear").addEventListener("click", newChat);
+  $("key").addEventListener("click", () => askKey(""));
   $("spec-mode").addEventListener("change", () => { $("n_max").disabled = $("spec-mode").value !== "cap"; });
   $("key-form").addEventListener("submit", () => {
     state.key = $("key-input").value.trim();
