@@ -207,6 +207,7 @@ def test_no_webui_and_api_key(fx_mtp_levels: dict[str, FixtureInfo], logs: Path)
 def test_page_loads_without_console_errors(browser: webdriver.Chrome, server: Server) -> None:
     open_page(browser, server)
     assert "mtp-74.gguf" in figure(browser, "model") and "2 sequences" in figure(browser, "model")
+    assert browser.find_element(By.ID, "spec-server").text == "server's (length 3)"
     assert console_errors(browser) == []
     shot(browser, "loaded")
 
@@ -296,6 +297,7 @@ def start_long_answer(d: webdriver.Chrome, text: str) -> None:
 
 def test_stop_cancels_the_request(browser: webdriver.Chrome, slow: Server) -> None:
     open_page(browser, slow)
+    assert browser.find_element(By.ID, "spec-server").text == "server's (none)"
     start_long_answer(browser, "Go on and on")
     browser.find_element(By.ID, "stop").click()
     wait_for("stopped", lambda: figure(browser, "status") == "stopped", timeout=5)

@@ -58,6 +58,9 @@ async function loadProps() {
     const how = spec.method && spec.method !== "none"
       ? "speculative: " + spec.method + ", draft length " + spec.n_draft : "plain decoding";
     $("model").textContent = state.props.model_alias + " · " + how + " · " + state.props.total_slots + " sequences";
+    // the first choice is what the server was started with: "auto" (a length chosen per step) or a fixed length
+    $("spec-server").textContent = spec.method && spec.method !== "none"
+      ? "server's (" + (spec.n_draft === "auto" ? "auto" : "length " + spec.n_draft) + ")" : "server's (none)";
   } catch (e) {
     if (!(e instanceof KeyNeeded)) {
       $("model").textContent = "not ready: " + e.message;
