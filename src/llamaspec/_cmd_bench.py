@@ -99,8 +99,9 @@ def bench(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if a.runs < 1:
         p.error(f"-r/--repetitions must be >= 1, got {a.runs}")
     check_context_arguments(p, a)
-    if a.plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(a.plot))):
-        p.error(f"--plot: no such directory: {os.path.dirname(os.path.abspath(a.plot))}")
+    plot_dir = os.path.dirname(os.path.abspath(a.plot)) if a.plot is not None else None
+    if plot_dir is not None and not os.path.isdir(plot_dir):
+        p.error(f"--plot: no such directory: {plot_dir}")
     if a.file is not None:
         with open(a.file, encoding="utf-8") as f:
             a.prompt = f.read()
