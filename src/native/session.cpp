@@ -247,12 +247,13 @@ llama_context_params target_params(const llama_context_params & params, int32_t 
     tp.n_seq_max = (uint32_t) n_seq;
     tp.n_ctx = params.n_ctx * (uint32_t) n_seq;
     tp.kv_unified = false;
-    if (n_draft > 0) {
-        const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, n_seq, n_draft);
-        tp.n_rs_seq = (uint32_t) n_draft;
-        tp.n_outputs_max = (uint32_t) limits.total;
-        tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
-    }
+    if (n_draft > 0) tp.n_rs_seq = (uint32_t) n_draft;
+    // output rows for what a pass reads (as llama-server sizes them), not llama.cpp's default of
+    // n_batch: the graph reserved for the worst case then matches the one a prompt chunk runs
+    // (a prompt is decoded with one output row), which made prompt decodes ~5-8% slower (ADR 0033)
+    const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, n_seq, n_draft);
+    tp.n_outputs_max = (uint32_t) limits.total;
+    tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
     return tp;
 }
 
@@ -356,15 +357,16 @@ std::shared_ptr<Session> Session::create(std::shared_ptr<Model> model, llama_con
         dp.kv_unified = false;
         dp.n_rs_seq = 0;
         dp.ctx_type = LLAMA_CONTEXT_TYPE_DEFAULT;
+        // the target's output rows: DFlash/DSpark sample a whole block of drafts on the backend,
+        // 1 + n_draft rows (with fewer, every draft comes back empty, silently); the others read
+        // one row per sequence and decode faster with no more reserved (ADR 0033)
+        dp.n_outputs_max = tp.n_outputs_max;
+        dp.n_outputs_max_per_seq = tp.n_outputs_max_per_seq;
         std::shared_ptr<Model> dm = draft_model;
         if (model_type == COMMON_SPECULATIVE_TYPE_DRAFT_MTP) {
             dp.ctx_type = LLAMA_CONTEXT_TYPE_MTP;
             dm = model;
         } else {
-            // DFlash/DSpark sample a whole block of drafts on the backend: room for 1 + n_draft rows
-            // (with fewer, every draft comes back empty, silently)
-            dp.n_outputs_max = tp.n_outputs_max;
-            dp.n_outputs_max_per_seq = tp.n_outputs_max_per_seq;
             if (needs_rollback(*dm)) dp.n_rs_seq = (uint32_t) n_draft + 1;  // it rolls back its own drafts too
         }
         core->dft = Context::create(dm, dp, core->tgt);
