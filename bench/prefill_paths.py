@@ -1,4 +1,4 @@
-"""One cached turn's prompt decode by three paths, side by side in one run (issue 15's 2-thread gap).
+"""One cached turn's prompt decode by five paths, side by side in one run (issue 15's 2-thread gap).
 
 A history of --history token ids is cached; each request adds --new ids and asks for one token.
 Timed, per request, only the decode of the new ids:
@@ -8,9 +8,11 @@ Timed, per request, only the decode of the new ids:
 - engine: a `Generator` that keeps its cache across requests (what `serve` and the library do):
   its call's own `prefill_time`;
 - fresh engine: a new `Generator` per request, the history decoded by a first call (untimed);
-- llama-server (built from the same pinned tree, -np 1, its prompt cache on): `timings.prompt_ms`.
+- llama-server (built from the same pinned tree, -np 1, its prompt cache on): `timings.prompt_ms`;
+- llama-bench (the same build; `-p NEW -d HISTORY -r 1`, a process per request, its own random
+  tokens): the decode of the new tokens after the depth, the upstream oracle for the bare decode.
 
-The four alternate request by request, the order reversed every other round; a pause of 0.3 s after
+The five alternate request by request, the order reversed every other round; a pause of 0.3 s after
 each (ggml's pools poll for new work after a decode). SmolLM2 by default, greedy, random ids.
 
 Usage: python bench/prefill_paths.py [--runs 8] [--threads 2] [--history 1648] [--new 150] [--no-save]
@@ -19,7 +21,9 @@ Usage: python bench/prefill_paths.py [--runs 8] [--threads 2] [--history 1648] [
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,12 +53,15 @@ def main() -> None:
     rng = random.Random(1)
     hist = [rng.randrange(100, 40000) for _ in range(args.history)]
     news = [[rng.randrange(100, 40000) for _ in range(args.new)] for _ in range(args.runs)]
-    bin_dir = build_tools("llama-server")
+    bin_dir = build_tools("llama-server", "llama-bench")
     port = free_port()
     t = str(args.threads)
     server = [str(bin_dir / "llama-server"), "-m", path, "--port", str(port), "-t", t, "-tb", t,
               "-c", str(args.n_ctx), "-np", "1", "--no-webui"]
-    got: dict[str, list[float]] = {"context": [], "engine": [], "fresh engine": [], "llama-server": []}
+    got: dict[str, list[float]] = {"context": [], "engine": [], "fresh engine": [], "llama-server": [],
+                                   "llama-bench": []}
+    bench = [str(bin_dir / "llama-bench"), "-m", path, "-p", str(args.new), "-n", "0",
+             "-d", str(args.history), "-t", t, "-r", "1", "-o", "json"]
     opts = {"n_ctx": args.n_ctx, "n_threads": args.threads}
     with llamaspec.Model(path) as model, serving(server, port) as url, httpx.Client(timeout=600) as h, \
             llamaspec.Context(model, **opts) as ctx, llamaspec.Generator(model, **opts) as gen:
@@ -69,6 +76,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 ctx.decode(new, len(hist))
                 return time.perf_counter() - t0
+            if side == "llama-bench":
+                out = subprocess.run(bench, capture_output=True, text=True, check=True).stdout
+                return float(json.loads(out)[0]["samples_ns"][0]) / 1e9
             if side == "llama-server":
                 r = h.post(url + "/completion", json={"prompt": hist + new, "n_predict": 1,
                                                       "cache_prompt": True}).json()
