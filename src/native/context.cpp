@@ -272,8 +272,8 @@ void register_context(nb::module_ & m) {
             "create",
             [](std::shared_ptr<Model> model, nb::typed<nb::dict, nb::str, nb::any> options) {
                 llama_context_params p = context_params_from_dict(options);
-                // decode() asks for the last token's row only: reserve no more rows than llama.cpp
-                // keeps one per sequence anyway (ADR 0033)
+                // decode() asks for the last token's row only, and llama.cpp wants room for one
+                // row per sequence: reserve that, not its default of n_batch rows (ADR 0033)
                 p.n_outputs_max = std::max<uint32_t>(1, p.n_seq_max);
                 p.n_outputs_max_per_seq = 1;
                 nb::gil_scoped_release nogil;

@@ -232,9 +232,10 @@ void check_ngram_cache_file(const std::string & path, const Model & tgt, const c
 }
 
 // The target context of a session: n_seq sequences of n_ctx tokens each, in separate cache streams,
-// and an n_batch that holds one pass of every sequence ([last, n_draft drafts] each). Speculative
-// sessions also keep n_draft recurrent-state snapshots per sequence (the rollback of rejected drafts
-// on recurrent/hybrid models) and room for 1 + n_draft output rows per sequence.
+// and an n_batch that holds one pass of every sequence ([last, n_draft drafts] each), with room for
+// the output rows of one pass (1 + n_draft per sequence; ADR 0033). Speculative sessions also keep
+// n_draft recurrent-state snapshots per sequence (the rollback of rejected drafts on
+// recurrent/hybrid models).
 llama_context_params target_params(const llama_context_params & params, int32_t n_seq, int32_t n_draft) {
     if ((int64_t) n_seq * (1 + n_draft) > (int64_t) params.n_batch) {
         throw Error(ErrorKind::InvalidOption,
@@ -249,8 +250,8 @@ llama_context_params target_params(const llama_context_params & params, int32_t 
     tp.kv_unified = false;
     if (n_draft > 0) tp.n_rs_seq = (uint32_t) n_draft;
     // output rows for what a pass reads (as llama-server sizes them), not llama.cpp's default of
-    // n_batch: the graph reserved for the worst case then matches the one a prompt chunk runs
-    // (a prompt is decoded with one output row), which made prompt decodes ~5-8% slower (ADR 0033)
+    // n_batch: with that, the graph reserved for the worst case outputs a whole micro-batch and
+    // does not match a prompt chunk's (one output row), and prompt decodes were slower (ADR 0033)
     const auto limits = common_speculative_get_output_limits((int32_t) params.n_batch, n_seq, n_draft);
     tp.n_outputs_max = (uint32_t) limits.total;
     tp.n_outputs_max_per_seq = (uint32_t) limits.per_seq;
