@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 
 import llamaspec
@@ -81,6 +82,22 @@ def test_session_options_the_session_sets_itself_are_refused(smol: llamaspec.Mod
         Generator(smol, n_seq=4, n_batch=2, n_ubatch=2)
     with llamaspec.Context(smol, n_ctx=64, n_seq_max=2) as ctx:  # the low-level Context keeps them
         assert ctx.n_seq_max == 2
+
+
+@pytest.mark.real_model
+def test_a_bare_context_reserves_a_row_per_sequence(smol: llamaspec.Model) -> None:
+    """A Context reserves n_seq_max output rows (ADR 0033), more than n_batch here: llama.cpp wants
+    one per sequence, and a decode in several batches still gives the last token's logits."""
+    ids = smol.tokenize("The capital of France is")
+    with llamaspec.Context(smol, n_ctx=64) as ref, \
+            llamaspec.Context(smol, n_ctx=64, n_seq_max=4, n_batch=2, n_ubatch=2) as ctx:
+        ref.decode(ids)
+        ctx.decode(ids)
+        a, b = ref.logits(), ctx.logits()
+        assert b.shape == a.shape and np.isfinite(b).all()
+        assert int(b.argmax()) == int(a.argmax())
+        ctx.decode([int(b.argmax())], len(ids))  # one more token, one more row
+        assert np.isfinite(ctx.logits()).all()
 
 
 # -- hazards ------------------------------------------------------------------------------------------
