@@ -402,8 +402,9 @@ def test_closed_sessions_give_their_memory_back(fx_info: FixtureInfo) -> None:
     the native Context's malloc_trim on close, a fresh process rose 72-110 MiB above its RSS after
     the first session (61 -> 133..171 MiB); with it, 19 MiB at most in 15 runs (a session's stray
     pages). Linux with glibc, as the suite's other /proc readers (CI's machine)."""
-    out = subprocess.run([sys.executable, "-c", _SESSIONS_SCRIPT, fx_info.path],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
-    after: list[float] = json.loads(out.splitlines()[-1])
+    proc = subprocess.run([sys.executable, "-c", _SESSIONS_SCRIPT, fx_info.path],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    after: list[float] = json.loads(proc.stdout.splitlines()[-1])
     assert len(after) == 6
     assert max(after[1:]) < after[0] + 40, [f"{a:.0f} MiB" for a in after]
